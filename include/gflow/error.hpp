@@ -1,0 +1,73 @@
+#pragma once
+// Typed errors. Every error gflow raises derives from gflow::error and carries
+//   - a code (what kind of failure),
+//   - the parameter or operation it concerns,
+//   - a message written as WHAT / FIX so the user knows what to change.
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace gflow {
+
+enum class errc {
+  invalid_argument,  // a value passed in is out of its allowed range
+  usage,             // a call made in the wrong state (ready() twice, finish() too early...)
+  mismatch,          // ranks disagree (layout, collective signature)
+  transport,         // the underlying MPI / NCCL / in-process transport failed
+  timeout,           // a blocking wait ran past its deadline
+  parse,             // a layout file or message could not be read
+};
+
+inline constexpr std::string_view to_string(errc c) noexcept {
+  switch (c) {
+    case errc::invalid_argument: return "invalid argument";
+    case errc::usage: return "usage error";
+    case errc::mismatch: return "rank mismatch";
+    case errc::transport: return "transport error";
+    case errc::timeout: return "timeout";
+    case errc::parse: return "parse error";
+  }
+  return "error";
+}
+
+class error : public std::runtime_error {
+ public:
+  error(errc code, std::string subject, std::string_view what, std::string_view fix)
+      : std::runtime_error(compose(code, subject, what, fix)), code_(code), subject_(std::move(subject)) {}
+  [[nodiscard]] errc code() const noexcept { return code_; }
+  /// The parameter or operation the error is about ("threshold", "tensor", "all_reduce").
+  [[nodiscard]] const std::string& subject() const noexcept { return subject_; }
+
+ private:
+  static std::string compose(errc code, std::string_view subject, std::string_view what, std::string_view fix) {
+    std::string m = "gflow: ";
+    m += to_string(code);
+    m += " in '";
+    m += subject;
+    m += "': ";
+    m += what;
+    if (!fix.empty()) {
+      m += " Fix: ";
+      m += fix;
+    }
+    return m;
+  }
+  errc code_;
+  std::string subject_;
+};
+
+#define GFLOW_DEFINE_ERROR(name, code_)                                                  \
+  class name : public error {                                                            \
+   public:                                                                               \
+    name(std::string subject, std::string_view what, std::string_view fix = {})          \
+        : error(errc::code_, std::move(subject), what, fix) {}                           \
+  };
+GFLOW_DEFINE_ERROR(invalid_argument, invalid_argument)
+GFLOW_DEFINE_ERROR(usage_error, usage)
+GFLOW_DEFINE_ERROR(mismatch_error, mismatch)
+GFLOW_DEFINE_ERROR(transport_error, transport)
+GFLOW_DEFINE_ERROR(timeout_error, timeout)
+GFLOW_DEFINE_ERROR(parse_error, parse)
+#undef GFLOW_DEFINE_ERROR
+
+}  // namespace gflow

@@ -1,0 +1,234 @@
+#pragma once
+// gflow::Exchanger<Policies...>: the facade a trainer includes.
+//
+//   using Exchange = gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<4 << 20>>;
+//   Exchange::on<gflow::mpi::transport> ex(comm, layout);
+//   // each iteration, during backward:
+//   write_gradient(ex.view(i)); ex.ready(i);        // in any order
+//   auto status = ex.finish();                       // averaged gradients now in the views
+//   if (!status.finite()) skip_step();
+//
+// Policies may come in any order; missing families take defaults (fp32 wire, no fusion, dense,
+// ring, no overlap). The exchange plan (pool offsets, buckets) is computed once from the layout;
+// an iteration allocates nothing and makes no virtual call.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "detail/host_backend.hpp"
+#include "detail/policy_set.hpp"
+#include "error.hpp"
+#include "layout.hpp"
+#include "plan/buckets.hpp"
+#include "plan/pool.hpp"
+#include "transport/transport.hpp"
+
+namespace gflow {
+
+/// Run-time settings. Fusion numbers given here override the Fusion policy's (auto-tuning).
+struct exchange_options {
+  std::optional<std::size_t> threshold_bytes;
+  std::optional<std::size_t> first_bucket_bytes;
+  bool average = true;  // false: leave the sum of the ranks' gradients
+};
+
+/// What finish() reports about one iteration. The result is bitwise identical on every rank,
+/// so every rank reports the same status.
+struct exchange_status {
+  std::uint64_t iteration = 0;
+  std::size_t nonfinite = 0;    // inf / NaN elements in the exchanged gradients
+  std::size_t collectives = 0;  // allreduces issued
+  std::size_t wire_bytes = 0;   // bytes this rank handed to those allreduces
+  [[nodiscard]] bool finite() const noexcept { return nonfinite == 0; }
+};
+
+namespace detail {
+template <class Space>
+struct backend_for;
+template <>
+struct backend_for<host_memory> { using type = host_backend; };
+// backend_for<device_memory> lives in include/gflow/cuda/device_backend.cuh.
+template <class Space>
+concept has_backend = requires { typename backend_for<Space>::type; };
+}  // namespace detail
+
+template <transport T, class Set>
+class basic_exchanger {
+  static_assert(detail::has_backend<typename T::memory_space>,
+                "gflow::Exchanger: this transport works on device memory (NCCL) and needs the CUDA kernels. "
+                "Compile the translation unit with nvcc (a .cu file) and include <gflow/cuda/exchanger.cuh>.");
+  using precision = typename Set::precision;
+  using wire_t = typename precision::wire_type;
+  static_assert(reduces<T, wire_t>,
+                "gflow::Exchanger: the transport cannot sum the Precision policy's wire type. "
+                "Pick a wire format the transport reduces (every gflow transport reduces wire::fp32) or another transport.");
+  using backend = typename detail::backend_for<typename T::memory_space>::type;
+  using engine_t = typename Set::topology::algorithm::template engine<T>;
+  using request_t = typename T::request;
+
+ public:
+  using transport_type = T;
+  using policies = Set;
+  using wire_type = wire_t;
+
+  basic_exchanger(T& t, Layout layout, exchange_options opt = {})
+      : t_(&t), layout_(std::move(layout)), opt_(opt), pool_(plan::plan_pool(layout_)),
+        grads_(pool_.total), ctx_(t), engine_(t) {
+    if constexpr (precision::narrow) wire_ = typename backend::template buffer<wire_t>(pool_.total);
+    ready_.assign(layout_.size(), 0);
+    set_fusion(opt_.threshold_bytes.value_or(Set::fusion::threshold_bytes),
+               opt_.first_bucket_bytes.value_or(Set::fusion::first_bucket_bytes), /*allow_zero=*/!opt_.threshold_bytes);
+  }
+
+  basic_exchanger(const basic_exchanger&) = delete;
+  basic_exchanger& operator=(const basic_exchanger&) = delete;
+
+  // ---- the pool ----------------------------------------------------------------------------
+  /// Tensor i's gradient (layout index, forward order): write it here, then call ready(i).
+  [[nodiscard]] std::span<float> view(std::size_t i) {
+    check_index(i, "view");
+    return {grads_.data() + pool_.offset[i], layout_[i].numel};
+  }
+  [[nodiscard]] float* pool_data() noexcept { return grads_.data(); }
+  [[nodiscard]] std::size_t pool_size() const noexcept { return pool_.total; }
+
+  // ---- one iteration -----------------------------------------------------------------------
+  /// Tensor i's gradient is complete in its view. Any order; exactly once per iteration.
+  void ready(std::size_t i) {
+    check_index(i, "ready");
+    if (ready_[i])
+      throw usage_error("ready", "tensor " + std::to_string(i) + " ('" + layout_[i].name + "') was marked ready twice in iteration " +
+                                     std::to_string(iteration_) + ".",
+                        "call ready(i) once per tensor per iteration; finish() starts the next iteration.");
+    ready_[i] = 1;
+    ++ready_count_;
+    advance();
+  }
+
+  /// Copying path for a gradient that lives elsewhere (same memory space as the transport).
+  void ready(std::size_t i, std::span<const float> source) {
+    check_index(i, "ready");
+    if (source.size() != layout_[i].numel)
+      throw invalid_argument("source", "ready(" + std::to_string(i) + ", source) got " + std::to_string(source.size()) +
+                                           " elements; tensor " + std::to_string(i) + " ('" + layout_[i].name + "') has " +
+                                           std::to_string(layout_[i].numel) + ".",
+                             "pass a span of exactly the tensor's element count.");
+    if (ready_[i]) ready(i);  // reports the double ready before anything is overwritten
+    ctx_.copy(grads_.data() + pool_.offset[i], source.data(), source.size());
+    ready(i);
+  }
+
+  /// Completes every collective of the iteration; the averaged (or summed) gradients are then
+  /// in the views, identical on every rank. Check status.finite() before applying them.
+  [[nodiscard]] exchange_status finish() {
+    if (ready_count_ != layout_.size()) {
+      std::size_t first = 0;
+      while (ready_[first]) ++first;
+      throw usage_error("finish", std::to_string(layout_.size() - ready_count_) + " of " + std::to_string(layout_.size()) +
+                                      " tensors are not ready in iteration " + std::to_string(iteration_) + "; the first is tensor " +
+                                      std::to_string(first) + " ('" + layout_[first].name + "').",
+                        "call ready(i) for every tensor of the layout before finish().");
+    }
+    const float inv = opt_.average ? 1.0f / static_cast<float>(t_->size()) : 1.0f;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      engine_.wait(requests_[b]);
+      const auto& bk = buckets_[b];
+      float* g = grads_.data() + bk.offset;
+      if constexpr (precision::narrow) ctx_.wire_to_float(wire_.data() + bk.offset, g, bk.count);
+      else if (opt_.average) ctx_.scale_in_place(g, bk.count, inv);
+      else ctx_.count_nonfinite(g, bk.count);
+    }
+    exchange_status st;
+    st.iteration = iteration_;
+    st.nonfinite = ctx_.take_nonfinite();
+    st.collectives = buckets_.size();
+    st.wire_bytes = pool_.total * sizeof(wire_t);
+    std::fill(ready_.begin(), ready_.end(), std::uint8_t{0});
+    ready_count_ = 0;
+    prefix_pos_ = 0;
+    next_bucket_ = 0;
+    ++iteration_;
+    return st;
+  }
+
+  // ---- tuning and introspection ------------------------------------------------------------
+  /// Re-plans the buckets (between iterations only; every rank must pass the same numbers).
+  void set_fusion(std::size_t threshold_bytes, std::size_t first_bucket_bytes = 0) { set_fusion(threshold_bytes, first_bucket_bytes, false); }
+
+  [[nodiscard]] const Layout& layout() const noexcept { return layout_; }
+  [[nodiscard]] const plan::pool_plan& pool_plan() const noexcept { return pool_; }
+  [[nodiscard]] const std::vector<plan::bucket>& buckets() const noexcept { return buckets_; }
+  [[nodiscard]] std::size_t threshold_bytes() const noexcept { return threshold_; }
+  [[nodiscard]] std::uint64_t iteration() const noexcept { return iteration_; }
+  [[nodiscard]] T& transport() const noexcept { return *t_; }
+
+ private:
+  void set_fusion(std::size_t threshold, std::size_t first, bool allow_zero) {
+    if (ready_count_ != 0)
+      throw usage_error("set_fusion", "called in the middle of iteration " + std::to_string(iteration_) + ".",
+                        "change the fusion threshold between finish() and the next ready().");
+    if (threshold == 0 && !allow_zero)
+      throw invalid_argument("threshold_bytes", "the fusion threshold must be positive (got 0).",
+                             "pass a byte count such as 4 << 20; to exchange one collective per tensor, leave Fusion out.");
+    threshold_ = threshold;
+    buckets_ = plan::plan_buckets(layout_, pool_, {sizeof(wire_t), threshold, first});
+    requests_.assign(buckets_.size(), request_t{});
+  }
+
+  void check_index(std::size_t i, const char* where) const {
+    if (i >= layout_.size())
+      throw invalid_argument("tensor", std::string(where) + "(" + std::to_string(i) + "): index out of range; the layout has " +
+                                           std::to_string(layout_.size()) + " tensors.",
+                             "pass a layout index in [0, " + std::to_string(layout_.size()) + "), forward order.");
+  }
+
+  // Launch every bucket the contiguous ready prefix now covers, in pool order.
+  void advance() {
+    const std::size_t n = layout_.size();
+    while (prefix_pos_ < n && ready_[pool_.tensor_at[prefix_pos_]]) ++prefix_pos_;
+    while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].end_pos <= prefix_pos_) launch(next_bucket_++);
+  }
+
+  void launch(std::size_t b) {
+    const auto& bk = buckets_[b];
+    float* g = grads_.data() + bk.offset;
+    if constexpr (precision::narrow) {
+      const float pre = opt_.average ? 1.0f / static_cast<float>(t_->size()) : 1.0f;  // divide before the cast
+      ctx_.scale_to_wire(g, wire_.data() + bk.offset, bk.count, pre);
+      requests_[b] = engine_.start(wire_.data() + bk.offset, bk.count);
+    } else {
+      requests_[b] = engine_.start(g, bk.count);
+    }
+  }
+
+  T* t_;
+  Layout layout_;
+  exchange_options opt_;
+  plan::pool_plan pool_;
+  typename backend::template buffer<float> grads_;
+  typename backend::template buffer<wire_t> wire_;
+  typename backend::context ctx_;
+  engine_t engine_;
+  std::vector<plan::bucket> buckets_;
+  std::vector<request_t> requests_;
+  std::vector<std::uint8_t> ready_;
+  std::size_t ready_count_ = 0;
+  std::size_t prefix_pos_ = 0;
+  std::size_t next_bucket_ = 0;
+  std::size_t threshold_ = 0;
+  std::uint64_t iteration_ = 0;
+};
+
+/// A policy composition. `Exchanger<...>::on<Transport>` is the object a trainer uses.
+template <class... Policies>
+struct Exchanger {
+  using policies = detail::policy_set<Policies...>;
+  template <transport T>
+  using on = basic_exchanger<T, policies>;
+};
+
+}  // namespace gflow

@@ -1,0 +1,133 @@
+#pragma once
+// Host kernels of the Precision policy: fp32 <-> fp16 / bf16 conversion, scaling and the
+// non-finite check. These are the reference implementations: the CUDA twins in
+// include/gflow/cuda/cast.cuh produce bit-identical results (tests/test_cast.cpp checks the
+// host versions against CUDA's own __float2half_rn / __float2bfloat16_rn over ties, subnormals,
+// overflow and NaN).
+//
+// Rounding is round-to-nearest-even. NaN converts to the canonical NaN 0x7fff, as CUDA does.
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "../dtype.hpp"
+
+namespace gflow::kernels {
+
+/// fp32 -> fp16, round to nearest even; the same algorithm as CUDA's host __float2half_rn.
+constexpr half to_half(float f) noexcept {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  std::uint32_t u = x & 0x7fffffffu;
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  std::uint32_t result;
+  std::uint32_t remainder;
+  if (u >= 0x7f800000u) {  // inf or NaN
+    remainder = 0;
+    result = (u == 0x7f800000u) ? (sign | 0x7c00u) : 0x7fffu;
+  } else if (u > 0x477fefffu) {  // rounds to inf
+    remainder = 0x80000000u;
+    result = sign | 0x7bffu;
+  } else if (u >= 0x38800000u) {  // normal
+    remainder = u << 19;
+    u -= 0x38000000u;
+    result = sign | (u >> 13);
+  } else if (u < 0x33000001u) {  // rounds to zero
+    remainder = u;
+    result = sign;
+  } else {  // subnormal
+    const std::uint32_t exponent = u >> 23;
+    const std::uint32_t shift = 0x7eu - exponent;
+    std::uint32_t mantissa = (u & 0x7fffffu) | 0x800000u;
+    remainder = mantissa << (32u - shift);
+    result = (sign | (mantissa >> shift)) & 0xffffu;
+  }
+  if (remainder > 0x80000000u || (remainder == 0x80000000u && (result & 1u))) ++result;
+  return half{static_cast<std::uint16_t>(result)};
+}
+
+/// fp16 -> fp32 (exact).
+constexpr float to_float(half h) noexcept {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h.bits & 0x8000u) << 16;
+  std::uint32_t exp = (h.bits >> 10) & 0x1fu;
+  std::uint32_t man = h.bits & 0x3ffu;
+  std::uint32_t out;
+  if (exp == 0x1f) {
+    out = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    out = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    out = sign;
+  } else {  // subnormal: normalise
+    int e = -1;
+    do {
+      ++e;
+      man <<= 1;
+    } while ((man & 0x400u) == 0);
+    out = sign | ((112u - static_cast<std::uint32_t>(e)) << 23) | ((man & 0x3ffu) << 13);
+  }
+  return std::bit_cast<float>(out);
+}
+
+/// fp32 -> bf16, round to nearest even; NaN -> 0x7fff as CUDA's __float2bfloat16_rn.
+constexpr bfloat16 to_bfloat16(float f) noexcept {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return bfloat16{0x7fffu};
+  std::uint32_t result = x >> 16;
+  const std::uint32_t remainder = x << 16;
+  if (remainder > 0x80000000u || (remainder == 0x80000000u && (result & 1u))) ++result;
+  return bfloat16{static_cast<std::uint16_t>(result)};
+}
+
+/// bf16 -> fp32 (exact).
+constexpr float to_float(bfloat16 b) noexcept {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(b.bits) << 16);
+}
+
+constexpr float to_float(float f) noexcept { return f; }
+
+/// Wire conversion by target type: wire_cast<half>(x), wire_cast<bfloat16>(x), wire_cast<float>(x).
+template <class W>
+constexpr W wire_cast(float f) noexcept {
+  if constexpr (std::is_same_v<W, half>) return to_half(f);
+  else if constexpr (std::is_same_v<W, bfloat16>) return to_bfloat16(f);
+  else return f;
+}
+
+/// out[i] = wire_cast<W>(in[i] * scale): the "divide before casting" step of a 16-bit exchange.
+template <class W>
+void scale_to_wire(const float* in, W* out, std::size_t n, float scale) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = wire_cast<W>(in[i] * scale);
+}
+
+/// out[i] = float(in[i]) after the reduction; returns how many results are inf or NaN.
+template <class W>
+std::size_t wire_to_float(const W* in, float* out, std::size_t n) noexcept {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float v = to_float(in[i]);
+    out[i] = v;
+    bad += !std::isfinite(v);
+  }
+  return bad;
+}
+
+/// buf[i] *= scale in place; returns how many results are inf or NaN (the fp32 average path).
+inline std::size_t scale_in_place(float* buf, std::size_t n, float scale) noexcept {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float v = buf[i] * scale;
+    buf[i] = v;
+    bad += !std::isfinite(v);
+  }
+  return bad;
+}
+
+/// Number of inf / NaN values in buf.
+inline std::size_t count_nonfinite(const float* buf, std::size_t n) noexcept {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) bad += !std::isfinite(buf[i]);
+  return bad;
+}
+
+}  // namespace gflow::kernels

@@ -1,0 +1,43 @@
+#pragma once
+// Fusion<threshold, first_bucket>: lazy allreduce (paper 000 section 3.1; tensor fusion in
+// paper 001). Buckets are contiguous pool ranges of whole tensors, closed once they hold at
+// least `threshold` bytes on the wire; a bucket is launched, without copying, as soon as the
+// contiguous ready prefix of the pool covers it. An optional smaller first bucket starts
+// communication early (PyTorch DDP: 1 MiB, then 25 MiB). Both numbers can be overridden at run
+// time (exchange_options, Exchanger::set_fusion) for an auto-tuner.
+// Leaving Fusion out (NoFusion) exchanges one collective per tensor.
+#include <concepts>
+#include <cstddef>
+
+#include "family.hpp"
+
+namespace gflow {
+
+template <std::size_t ThresholdBytes, std::size_t FirstBucketBytes = 0>
+struct Fusion {
+  static_assert(ThresholdBytes > 0,
+                "gflow::Fusion<0>: the fusion threshold must be positive. "
+                "To exchange one collective per tensor, leave Fusion out of the Exchanger.");
+  using gflow_family = fusion_family;
+  static constexpr std::size_t threshold_bytes = ThresholdBytes;
+  static constexpr std::size_t first_bucket_bytes = FirstBucketBytes;
+};
+
+/// The default: no fusion, one collective per tensor.
+struct NoFusion {
+  using gflow_family = fusion_family;
+  static constexpr std::size_t threshold_bytes = 0;
+  static constexpr std::size_t first_bucket_bytes = 0;
+};
+
+template <class P>
+concept fusion_policy = std::same_as<typename P::gflow_family, fusion_family> && requires {
+  { P::threshold_bytes } -> std::convertible_to<std::size_t>;
+  { P::first_bucket_bytes } -> std::convertible_to<std::size_t>;
+};
+
+static_assert(fusion_policy<NoFusion>);
+static_assert(fusion_policy<Fusion<4 << 20>>);
+static_assert(fusion_policy<Fusion<25 << 20, 1 << 20>>);
+
+}  // namespace gflow

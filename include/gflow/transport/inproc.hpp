@@ -1,0 +1,399 @@
+#pragma once
+// In-process transport: P ranks as P threads of one process, sharing memory.
+// Used by the tests (many ranks cheaply, deterministic) and for several simulated ranks in
+// one process.
+//
+// How a collective runs: each rank posts its operation into the group's slot for its next
+// sequence number (collectives are numbered per rank, so the n-th collective of every rank
+// meets in slot n). The last rank to arrive checks that every rank posted the same operation
+// (kind, element type, count, op, root) and executes it for everyone; waiters are woken.
+// Reductions add rank 0, 1, ..., P-1 in that order, so every rank gets the same bits.
+// A mismatch raises gflow::mismatch_error on every rank; a rank that never arrives raises
+// gflow::timeout_error naming the missing ranks once the timeout passes. Point-to-point sends
+// are buffered (send returns at once); recv blocks until the message is there.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../error.hpp"
+#include "../kernels/cast.hpp"
+#include "transport.hpp"
+
+namespace gflow::inproc {
+
+namespace detail {
+
+enum class kind : std::uint8_t { all_reduce, all_gather, broadcast, reduce, barrier, split };
+
+inline const char* name(kind k) {
+  switch (k) {
+    case kind::all_reduce: return "all_reduce";
+    case kind::all_gather: return "all_gather";
+    case kind::broadcast: return "broadcast";
+    case kind::reduce: return "reduce";
+    case kind::barrier: return "barrier";
+    case kind::split: return "split";
+  }
+  return "?";
+}
+
+struct signature {
+  kind k{};
+  dtype type{};
+  std::size_t count = 0;
+  reduce_op op{};
+  int root = 0;
+  friend bool operator==(const signature&, const signature&) = default;
+  [[nodiscard]] std::string str() const {
+    std::string s = name(k);
+    s += "(" + std::to_string(count) + " x " + std::string(to_string(type));
+    if (k == kind::all_reduce || k == kind::reduce) s += ", " + std::string(to_string(op));
+    if (k == kind::broadcast || k == kind::reduce) s += ", root " + std::to_string(root);
+    return s + ")";
+  }
+};
+
+struct group;
+
+struct split_io {
+  int color = 0;
+  int key = 0;
+  std::shared_ptr<group> out;
+  int out_rank = -1;
+};
+
+struct slot {
+  signature sig;
+  std::vector<signature> sigs;        // per rank, for the mismatch message
+  std::vector<void*> ptr;             // per rank: in/out buffer
+  std::vector<const void*> cptr;      // per rank: send buffer (all_gather)
+  std::vector<char> present;
+  int arrived = 0;
+  int waited = 0;
+  bool done = false;
+  std::string error;                  // set when ranks disagree
+  void (*exec)(slot&, group&) = nullptr;
+};
+
+struct message {
+  dtype type;
+  std::size_t count;
+  std::vector<unsigned char> data;
+};
+
+struct group {
+  explicit group(int n, std::chrono::milliseconds to) : size(n), timeout(to) {}
+  int size;
+  std::chrono::milliseconds timeout;
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<std::uint64_t, slot> slots;
+  std::map<std::pair<int, int>, std::deque<message>> mail;  // (src, dst) -> FIFO
+  std::string label = "world";
+};
+
+template <class T>
+using acc_t = std::conditional_t<std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, float, T>;
+
+template <class T>
+acc_t<T> load(const T& v) {
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return kernels::to_float(v);
+  else return v;
+}
+
+template <class T>
+T store(acc_t<T> v) {
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return kernels::wire_cast<T>(v);
+  else return v;
+}
+
+template <class A>
+A combine(reduce_op op, A a, A b) {
+  switch (op) {
+    case reduce_op::sum: return a + b;
+    case reduce_op::max: return b > a ? b : a;
+    case reduce_op::min: return b < a ? b : a;
+  }
+  return a;
+}
+
+template <class T>
+void exec_all_reduce(slot& s, group& g) {
+  const std::size_t n = s.sig.count;
+  for (std::size_t j = 0; j < n; ++j) {
+    acc_t<T> acc = load(static_cast<T*>(s.ptr[0])[j]);
+    for (int r = 1; r < g.size; ++r) acc = combine(s.sig.op, acc, load(static_cast<T*>(s.ptr[r])[j]));
+    const T out = store<T>(acc);
+    for (int r = 0; r < g.size; ++r) static_cast<T*>(s.ptr[r])[j] = out;
+  }
+}
+
+template <class T>
+void exec_reduce(slot& s, group& g) {
+  const std::size_t n = s.sig.count;
+  T* root = static_cast<T*>(s.ptr[s.sig.root]);
+  for (std::size_t j = 0; j < n; ++j) {
+    acc_t<T> acc = load(static_cast<T*>(s.ptr[0])[j]);
+    for (int r = 1; r < g.size; ++r) acc = combine(s.sig.op, acc, load(static_cast<T*>(s.ptr[r])[j]));
+    root[j] = store<T>(acc);
+  }
+}
+
+template <class T>
+void exec_all_gather(slot& s, group& g) {
+  const std::size_t n = s.sig.count;
+  for (int dst = 0; dst < g.size; ++dst)
+    for (int src = 0; src < g.size; ++src)
+      if (n) std::memcpy(static_cast<T*>(s.ptr[dst]) + static_cast<std::size_t>(src) * n, s.cptr[src], n * sizeof(T));
+}
+
+template <class T>
+void exec_broadcast(slot& s, group& g) {
+  const std::size_t n = s.sig.count;
+  for (int r = 0; r < g.size; ++r)
+    if (r != s.sig.root && n) std::memcpy(s.ptr[r], s.ptr[s.sig.root], n * sizeof(T));
+}
+
+inline void exec_barrier(slot&, group&) {}
+
+inline void exec_split(slot& s, group& g) {
+  std::map<int, std::vector<std::pair<int, int>>> by_color;  // color -> (key, rank)
+  for (int r = 0; r < g.size; ++r) {
+    auto* io = static_cast<split_io*>(s.ptr[r]);
+    by_color[io->color].push_back({io->key, r});
+  }
+  for (auto& [color, members] : by_color) {
+    std::sort(members.begin(), members.end());
+    auto sub = std::make_shared<group>(static_cast<int>(members.size()), g.timeout);
+    sub->label = g.label + "/" + std::to_string(color);
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      auto* io = static_cast<split_io*>(s.ptr[members[i].second]);
+      io->out = sub;
+      io->out_rank = static_cast<int>(i);
+    }
+  }
+}
+
+}  // namespace detail
+
+class transport {
+ public:
+  using memory_space = host_memory;
+  template <class E>
+  static constexpr bool can_reduce = wire_element<E>;
+
+  /// A pending operation. Collectives carry their slot; a receive carries its destination.
+  struct request {
+    enum class what : std::uint8_t { none, collective, recv } type = what::none;
+    std::uint64_t seq = 0;
+    void* buf = nullptr;
+    std::size_t count = 0;
+    dtype elem{};
+    int peer = -1;
+  };
+
+  transport(std::shared_ptr<detail::group> g, int rank) : g_(std::move(g)), rank_(rank) {}
+
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return g_->size; }
+  [[nodiscard]] const std::string& label() const { return g_->label; }
+
+  template <wire_element T>
+  request iall_reduce(T* buf, std::size_t n, reduce_op op) {
+    return post({detail::kind::all_reduce, dtype_of_v<T>, n, op, 0}, buf, nullptr, &detail::exec_all_reduce<T>);
+  }
+  template <wire_element T>
+  request iall_gather(const T* send, T* recv, std::size_t n) {
+    return post({detail::kind::all_gather, dtype_of_v<T>, n, reduce_op::sum, 0}, recv, send, &detail::exec_all_gather<T>);
+  }
+  template <wire_element T>
+  request ibroadcast(T* buf, std::size_t n, int root) {
+    check_peer(root, "root");
+    return post({detail::kind::broadcast, dtype_of_v<T>, n, reduce_op::sum, root}, buf, nullptr, &detail::exec_broadcast<T>);
+  }
+  template <wire_element T>
+  request ireduce(T* buf, std::size_t n, reduce_op op, int root) {
+    check_peer(root, "root");
+    return post({detail::kind::reduce, dtype_of_v<T>, n, op, root}, buf, nullptr, &detail::exec_reduce<T>);
+  }
+
+  template <wire_element T> void all_reduce(T* buf, std::size_t n, reduce_op op) { auto r = iall_reduce(buf, n, op); wait(r); }
+  template <wire_element T> void all_gather(const T* s, T* r, std::size_t n) { auto q = iall_gather(s, r, n); wait(q); }
+  template <wire_element T> void broadcast(T* buf, std::size_t n, int root) { auto r = ibroadcast(buf, n, root); wait(r); }
+  template <wire_element T> void reduce(T* buf, std::size_t n, reduce_op op, int root) { auto r = ireduce(buf, n, op, root); wait(r); }
+  void barrier() {
+    auto r = post({detail::kind::barrier, dtype::u8, 0, reduce_op::sum, 0}, nullptr, nullptr, &detail::exec_barrier);
+    wait(r);
+  }
+
+  template <wire_element T>
+  request isend(const T* buf, std::size_t n, int peer) {
+    check_peer(peer, "peer");
+    detail::message msg{dtype_of_v<T>, n, std::vector<unsigned char>(n * sizeof(T))};
+    if (n) std::memcpy(msg.data.data(), buf, n * sizeof(T));
+    {
+      std::lock_guard lk(g_->m);
+      g_->mail[{rank_, peer}].push_back(std::move(msg));
+    }
+    g_->cv.notify_all();
+    return {};
+  }
+  template <wire_element T>
+  request irecv(T* buf, std::size_t n, int peer) {
+    check_peer(peer, "peer");
+    request r;
+    r.type = request::what::recv;
+    r.buf = buf;
+    r.count = n;
+    r.elem = dtype_of_v<T>;
+    r.peer = peer;
+    return r;
+  }
+  template <wire_element T> void send(const T* buf, std::size_t n, int peer) { (void)isend(buf, n, peer); }
+  template <wire_element T> void recv(T* buf, std::size_t n, int peer) { auto r = irecv(buf, n, peer); wait(r); }
+
+  void wait(request& r) {
+    if (r.type == request::what::collective) wait_collective(r);
+    else if (r.type == request::what::recv) wait_recv(r);
+    r.type = request::what::none;
+  }
+
+  /// Collective: every rank of this group calls split; ranks with the same color form a group,
+  /// ordered by (key, rank).
+  transport split(int color, int key) {
+    detail::split_io io{color, key, nullptr, -1};
+    auto r = post({detail::kind::split, dtype::u8, 0, reduce_op::sum, 0}, &io, nullptr, &detail::exec_split);
+    wait(r);
+    return transport(io.out, io.out_rank);
+  }
+
+ private:
+  void check_peer(int p, const char* what) const {
+    if (p < 0 || p >= size())
+      throw invalid_argument(what, std::string(what) + " " + std::to_string(p) + " is outside the group of " + std::to_string(size()) + " ranks.",
+                             "pass a rank in [0, size()).");
+  }
+
+  request post(detail::signature sig, void* buf, const void* cbuf, void (*exec)(detail::slot&, detail::group&)) {
+    const std::uint64_t seq = next_seq_++;
+    bool run = false;
+    detail::slot* s = nullptr;
+    {
+      std::lock_guard lk(g_->m);
+      s = &g_->slots[seq];
+      if (s->arrived == 0) {
+        s->sig = sig;
+        s->exec = exec;
+        s->ptr.assign(g_->size, nullptr);
+        s->cptr.assign(g_->size, nullptr);
+        s->present.assign(g_->size, 0);
+        s->sigs.assign(g_->size, {});
+      } else if (!(s->sig == sig) && s->error.empty()) {
+        s->error = "collective #" + std::to_string(seq) + " differs across ranks";
+      }
+      s->sigs[rank_] = sig;
+      s->ptr[rank_] = buf;
+      s->cptr[rank_] = cbuf;
+      s->present[rank_] = 1;
+      run = (++s->arrived == g_->size);
+    }
+    if (run) {
+      if (s->error.empty()) s->exec(*s, *g_);
+      {
+        std::lock_guard lk(g_->m);
+        s->done = true;
+      }
+      g_->cv.notify_all();
+    }
+    request r;
+    r.type = request::what::collective;
+    r.seq = seq;
+    return r;
+  }
+
+  void wait_collective(request& r) {
+    std::unique_lock lk(g_->m);
+    auto it = g_->slots.find(r.seq);
+    if (it == g_->slots.end()) throw usage_error("wait", "the request was already completed.", "wait on each request once.");
+    detail::slot& s = it->second;
+    const auto deadline = std::chrono::steady_clock::now() + g_->timeout;
+    if (!g_->cv.wait_until(lk, deadline, [&] { return s.done; })) {
+      std::string missing;
+      for (int q = 0; q < g_->size; ++q)
+        if (!s.present[q]) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+      throw timeout_error(detail::name(s.sig.k),
+                          "rank " + std::to_string(rank_) + " of group '" + g_->label + "' waited " + std::to_string(g_->timeout.count()) +
+                              " ms for collective #" + std::to_string(r.seq) + " " + s.sig.str() + "; rank(s) " + missing + " did not arrive.",
+                          "make every rank issue the same collectives in the same order, or raise the timeout.");
+    }
+    std::string err = s.error;
+    std::string detail_msg;
+    if (!err.empty())
+      for (int q = 0; q < g_->size; ++q) detail_msg += " rank " + std::to_string(q) + ": " + s.sigs[q].str() + ";";
+    if (++s.waited == g_->size) g_->slots.erase(it);
+    if (!err.empty())
+      throw mismatch_error(detail::name(s.sig.k), err + " in group '" + g_->label + "':" + detail_msg,
+                           "make every rank describe the same layout and policies and issue the same collectives.");
+  }
+
+  void wait_recv(request& r) {
+    std::unique_lock lk(g_->m);
+    auto& q = g_->mail[{r.peer, rank_}];
+    const auto deadline = std::chrono::steady_clock::now() + g_->timeout;
+    if (!g_->cv.wait_until(lk, deadline, [&] { return !q.empty(); }))
+      throw timeout_error("recv", "rank " + std::to_string(rank_) + " waited " + std::to_string(g_->timeout.count()) +
+                                      " ms for a message from rank " + std::to_string(r.peer) + " that was never sent.",
+                          "pair every recv with a send on the peer, or raise the timeout.");
+    detail::message msg = std::move(q.front());
+    q.pop_front();
+    lk.unlock();
+    if (msg.type != r.elem || msg.count != r.count)
+      throw mismatch_error("recv", "rank " + std::to_string(rank_) + " expected " + std::to_string(r.count) + " x " + std::string(to_string(r.elem)) +
+                                       " from rank " + std::to_string(r.peer) + " but got " + std::to_string(msg.count) + " x " +
+                                       std::string(to_string(msg.type)) + ".",
+                           "make send and recv agree on count and element type.");
+    if (r.count) std::memcpy(r.buf, msg.data.data(), msg.data.size());
+  }
+
+  std::shared_ptr<detail::group> g_;
+  int rank_;
+  std::uint64_t next_seq_ = 0;
+};
+static_assert(gflow::transport<transport>);
+
+/// Runs fn(transport&) on `ranks` threads, one rank each, and rethrows the first exception
+/// (lowest rank) after every thread has ended.
+template <class Fn>
+void run(int ranks, Fn&& fn, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  if (ranks <= 0) throw invalid_argument("ranks", "must be at least 1.", "pass a positive number of ranks.");
+  auto g = std::make_shared<detail::group>(ranks, timeout);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        transport t(g, r);
+        fn(t);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace gflow::inproc

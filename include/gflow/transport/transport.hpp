@@ -1,0 +1,56 @@
+#pragma once
+// The transport concept: the collectives the exchanger and its policies use, over one group of
+// ranks. No virtual calls: the Exchanger is a template over its transport, and each
+// implementation below is a concrete class checked against this concept right after its
+// definition.
+//
+//   rank(), size()                       this rank and the group size
+//   all_reduce(buf, n, op)               in place, every rank gets the reduction
+//   all_gather(send, recv, n)            recv holds n * size() elements, in rank order
+//   broadcast(buf, n, root)              root's buf to every rank
+//   reduce(buf, n, op, root)             in place; the result lands in root's buf only
+//   send(buf, n, peer) / recv(buf, n, peer)
+//   split(color, key)                    sub-group of the ranks with the same color, ordered by key
+//   barrier()
+//   i-forms (iall_reduce, iall_gather, ibroadcast, isend, irecv) return a request; wait(req)
+//   completes it. Buffers must stay valid until then.
+//
+// Element types: every wire_element (dtype.hpp). can_reduce<T> says whether all_reduce/reduce
+// accept T; the exchanger checks it at compile time for its wire type.
+// memory_space: host_memory (buffers are host pointers) or device_memory (CUDA pointers).
+#include <concepts>
+#include <cstddef>
+
+#include "../dtype.hpp"
+
+namespace gflow {
+
+template <class T>
+concept transport = requires(T& t, const T& ct, float* buf, const float* cbuf, std::size_t n, int peer,
+                             typename T::request& req) {
+  typename T::memory_space;
+  typename T::request;
+  { ct.rank() } -> std::same_as<int>;
+  { ct.size() } -> std::same_as<int>;
+  t.all_reduce(buf, n, reduce_op::sum);
+  t.all_gather(cbuf, buf, n);
+  t.broadcast(buf, n, peer);
+  t.reduce(buf, n, reduce_op::sum, peer);
+  t.send(cbuf, n, peer);
+  t.recv(buf, n, peer);
+  t.barrier();
+  { t.iall_reduce(buf, n, reduce_op::sum) } -> std::same_as<typename T::request>;
+  { t.iall_gather(cbuf, buf, n) } -> std::same_as<typename T::request>;
+  { t.ibroadcast(buf, n, peer) } -> std::same_as<typename T::request>;
+  { t.isend(cbuf, n, peer) } -> std::same_as<typename T::request>;
+  { t.irecv(buf, n, peer) } -> std::same_as<typename T::request>;
+  t.wait(req);
+  { t.split(peer, peer) } -> std::same_as<T>;
+  { T::template can_reduce<float> } -> std::convertible_to<bool>;
+};
+
+/// True when transport T can sum elements of type E (the exchanger's wire type).
+template <class T, class E>
+concept reduces = transport<T> && T::template can_reduce<E>;
+
+}  // namespace gflow
