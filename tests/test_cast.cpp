@@ -1,0 +1,1 @@
+// placeholder: the cast tests are being written
