@@ -68,7 +68,6 @@ class basic_exchanger {
                 "Pick a wire format the transport reduces (every gflow transport reduces wire::fp32) or another transport.");
   using backend = typename detail::backend_for<typename T::memory_space>::type;
   using engine_t = typename Set::topology::algorithm::template engine<T>;
-  using request_t = typename T::request;
 
  public:
   using transport_type = T;
@@ -122,8 +121,8 @@ class basic_exchanger {
     ready(i);
   }
 
-  /// Completes every collective of the iteration; the averaged (or summed) gradients are then
-  /// in the views, identical on every rank. Check status.finite() before applying them.
+  /// Completes the iteration; the averaged (or summed) gradients are then in the views,
+  /// identical on every rank. Check status.finite() before applying them.
   [[nodiscard]] exchange_status finish() {
     if (ready_count_ != layout_.size()) {
       std::size_t first = 0;
@@ -132,15 +131,6 @@ class basic_exchanger {
                                       " tensors are not ready in iteration " + std::to_string(iteration_) + "; the first is tensor " +
                                       std::to_string(first) + " ('" + layout_[first].name + "').",
                         "call ready(i) for every tensor of the layout before finish().");
-    }
-    const float inv = opt_.average ? 1.0f / static_cast<float>(t_->size()) : 1.0f;
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      engine_.wait(requests_[b]);
-      const auto& bk = buckets_[b];
-      float* g = grads_.data() + bk.offset;
-      if constexpr (precision::narrow) ctx_.wire_to_float(wire_.data() + bk.offset, g, bk.count);
-      else if (opt_.average) ctx_.scale_in_place(g, bk.count, inv);
-      else ctx_.count_nonfinite(g, bk.count);
     }
     exchange_status st;
     st.iteration = iteration_;
@@ -176,7 +166,6 @@ class basic_exchanger {
                              "pass a byte count such as 4 << 20; to exchange one collective per tensor, leave Fusion out.");
     threshold_ = threshold;
     buckets_ = plan::plan_buckets(layout_, pool_, {sizeof(wire_t), threshold, first});
-    requests_.assign(buckets_.size(), request_t{});
   }
 
   void check_index(std::size_t i, const char* where) const {
@@ -193,15 +182,20 @@ class basic_exchanger {
     while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].end_pos <= prefix_pos_) launch(next_bucket_++);
   }
 
+  // Overlap<None>: the bucket is exchanged and finished here, synchronously.
   void launch(std::size_t b) {
     const auto& bk = buckets_[b];
     float* g = grads_.data() + bk.offset;
+    const float inv = opt_.average ? 1.0f / static_cast<float>(t_->size()) : 1.0f;
     if constexpr (precision::narrow) {
-      const float pre = opt_.average ? 1.0f / static_cast<float>(t_->size()) : 1.0f;  // divide before the cast
-      ctx_.scale_to_wire(g, wire_.data() + bk.offset, bk.count, pre);
-      requests_[b] = engine_.start(wire_.data() + bk.offset, bk.count);
+      wire_t* w = wire_.data() + bk.offset;
+      ctx_.scale_to_wire(g, w, bk.count, inv);  // divide before the cast: the sum cannot overflow where fp32's would not
+      engine_.run(w, bk.count);
+      ctx_.wire_to_float(w, g, bk.count);       // counts inf / NaN
     } else {
-      requests_[b] = engine_.start(g, bk.count);
+      engine_.run(g, bk.count);
+      if (opt_.average) ctx_.scale_in_place(g, bk.count, inv);  // counts inf / NaN
+      else ctx_.count_nonfinite(g, bk.count);
     }
   }
 
@@ -214,7 +208,6 @@ class basic_exchanger {
   typename backend::context ctx_;
   engine_t engine_;
   std::vector<plan::bucket> buckets_;
-  std::vector<request_t> requests_;
   std::vector<std::uint8_t> ready_;
   std::size_t ready_count_ = 0;
   std::size_t prefix_pos_ = 0;

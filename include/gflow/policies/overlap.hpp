@@ -1,7 +1,10 @@
 #pragma once
-// Overlap<S>: who issues collectives and when. None (the default): collectives are started on
-// the caller's thread from ready() as soon as a bucket is complete, using the transport's
-// non-blocking form, and completed in finish(); there is no progress thread or extra stream.
+// Overlap<S>: who issues collectives and when. None (the default): no communication runs
+// concurrently with the caller. A bucket is exchanged with the transport's blocking collective
+// inside the ready() call that completes it, on the caller's thread; finish() only checks that
+// the iteration is complete and reports its status. (Measured: on MPI without a progress
+// thread, starting every bucket with MPI_Iallreduce and waiting at finish() was 1.9x slower
+// than blocking MPI_Allreduce per bucket on resnet50 - nothing progresses them in between.)
 // Funneled / Concurrent<N> / Chained (paper 002) are tracked in the issue tracker.
 #include <concepts>
 

@@ -3,8 +3,9 @@
 // goes through the topology's engine, built once per exchanger over its transport:
 //
 //   typename Algo::template engine<T> e(transport);
-//   auto r = e.start(buf, n);   // begin summing buf over all ranks, in place
-//   e.wait(r);                  // complete it
+//   e.run(buf, n);              // sum buf over all ranks, in place, complete on return
+//   auto r = e.start(buf, n);   // or begin it (non-blocking form) ...
+//   e.wait(r);                  // ... and complete it later
 //
 // Ring: the transport's own allreduce (MPI_Allreduce / ncclAllReduce / in-process).
 #include <concepts>
@@ -21,6 +22,8 @@ struct Ring {
    public:
     using request = typename T::request;
     explicit engine(T& t) : t_(&t) {}
+    template <class W>
+    void run(W* buf, std::size_t n) { t_->all_reduce(buf, n, reduce_op::sum); }
     template <class W>
     request start(W* buf, std::size_t n) { return t_->iall_reduce(buf, n, reduce_op::sum); }
     void wait(request& r) { t_->wait(r); }

@@ -1,0 +1,331 @@
+// gflow benchmark driver, one process per MPI rank; start it through bench/run.
+//
+// Suite `exchange`: on the same buffers and in one run, interleaving the variants iteration by
+// iteration so that drift hits them alike:
+//   mpi_per_tensor  hand-written MPI_Allreduce per tensor (generation order), then the average
+//   mpi_bucketed    hand-written MPI_Allreduce per bucket, same buckets as gflow's threshold
+//   mpi_whole       one MPI_Allreduce of the whole pool
+//   gflow           Exchanger<Precision<wire>, Fusion> at the threshold, ready() in generation order
+// Every variant averages (divides by P) and, with a 16-bit wire, divides, casts, reduces with a
+// 16-bit sum operator and casts back, exactly as gflow does. Times are the slowest rank's,
+// per iteration; median, p10 and p90 over the timed iterations after warm-up.
+// Output: a table on stderr, one JSON object per variant on stdout (rank 0 only).
+#include <mpi.h>
+
+#include <gflow/exchanger.hpp>
+#include <gflow/transport/mpi.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct options {
+  std::string suite = "exchange";
+  std::string layout = "resnet50";
+  std::string wire = "fp32";
+  std::size_t threshold = 4u << 20;
+  bool quick = false;
+  bool sweep = false;
+  int iters = 0, warmup = 0;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "gflow_bench: %s\n"
+               "usage: bench/run exchange [--ranks N] [--layout NAME|PATH] [--threshold BYTES] [--wire fp32|fp16|bf16]\n"
+               "                          [--quick] [--sweep] [--iters N] [--warmup N]\n",
+               why.c_str());
+  MPI_Abort(MPI_COMM_WORLD, 2);
+  std::exit(2);
+}
+
+std::size_t parse_bytes(const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  std::string suf(end ? end : "");
+  double mul = 1;
+  if (suf == "K" || suf == "KiB" || suf == "k") mul = 1024;
+  else if (suf == "M" || suf == "MiB") mul = 1024.0 * 1024;
+  else if (suf == "G" || suf == "GiB") mul = 1024.0 * 1024 * 1024;
+  else if (!suf.empty()) usage("cannot read byte count '" + s + "' (use e.g. 4194304, 4M or 64K)");
+  if (!(v > 0)) usage("--threshold must be positive, got '" + s + "'");
+  return static_cast<std::size_t>(v * mul);
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  int i = 1;
+  if (i < argc && argv[i][0] != '-') o.suite = argv[i++];
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) usage("missing value after " + a);
+      return argv[++i];
+    };
+    if (a == "--layout") o.layout = next();
+    else if (a == "--wire") o.wire = next();
+    else if (a == "--threshold") o.threshold = parse_bytes(next());
+    else if (a == "--quick") o.quick = true;
+    else if (a == "--sweep") o.sweep = true;
+    else if (a == "--iters") o.iters = std::stoi(next());
+    else if (a == "--warmup") o.warmup = std::stoi(next());
+    else if (a == "--ranks") (void)next();  // consumed by bench/run
+    else usage("unknown option '" + a + "'");
+  }
+  if (o.suite != "exchange") usage("unknown suite '" + o.suite + "' (available: exchange)");
+  if (o.wire != "fp32" && o.wire != "fp16" && o.wire != "bf16") usage("--wire must be fp32, fp16 or bf16");
+  if (o.iters == 0) o.iters = o.quick ? 7 : 15;
+  if (o.warmup == 0) o.warmup = o.quick ? 1 : 3;
+  if (o.iters < 7) usage("--iters must be at least 7 (medians of fewer are not reported)");
+  return o;
+}
+
+gflow::Layout load_layout(const std::string& name) {
+  if (name.find('/') != std::string::npos || name.find(".tsv") != std::string::npos) return gflow::Layout::from_tsv(name);
+  return gflow::Layout::from_tsv(std::string(GFLOW_LAYOUT_DIR) + "/" + name + ".tsv");
+}
+
+// ---- hand-written baselines ---------------------------------------------------------------------
+template <class W>
+void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const W*>(in);
+  auto* b = static_cast<W*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = gflow::kernels::wire_cast<W>(gflow::kernels::to_float(a[i]) + gflow::kernels::to_float(b[i]));
+}
+
+struct hand_written {
+  MPI_Datatype t16 = MPI_DATATYPE_NULL;
+  MPI_Op op_half = MPI_OP_NULL, op_bf16 = MPI_OP_NULL;
+  hand_written() {
+    MPI_Type_contiguous(2, MPI_BYTE, &t16);
+    MPI_Type_commit(&t16);
+    MPI_Op_create(&sum16<gflow::half>, 1, &op_half);
+    MPI_Op_create(&sum16<gflow::bfloat16>, 1, &op_bf16);
+  }
+  ~hand_written() {
+    MPI_Op_free(&op_half);
+    MPI_Op_free(&op_bf16);
+    MPI_Type_free(&t16);
+  }
+  // one allreduce of [off, off+n) with averaging, in the wire format
+  void allreduce_avg(float* pool, void* wire, const std::string& fmt, std::size_t off, std::size_t n, int P) const {
+    const float inv = 1.0f / static_cast<float>(P);
+    if (fmt == "fp32") {
+      MPI_Allreduce(MPI_IN_PLACE, pool + off, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      for (std::size_t i = 0; i < n; ++i) pool[off + i] *= inv;
+    } else if (fmt == "fp16") {
+      auto* w = static_cast<gflow::half*>(wire) + off;
+      for (std::size_t i = 0; i < n; ++i) w[i] = gflow::kernels::to_half(pool[off + i] * inv);
+      MPI_Allreduce(MPI_IN_PLACE, w, static_cast<int>(n), t16, op_half, MPI_COMM_WORLD);
+      for (std::size_t i = 0; i < n; ++i) pool[off + i] = gflow::kernels::to_float(w[i]);
+    } else {
+      auto* w = static_cast<gflow::bfloat16*>(wire) + off;
+      for (std::size_t i = 0; i < n; ++i) w[i] = gflow::kernels::to_bfloat16(pool[off + i] * inv);
+      MPI_Allreduce(MPI_IN_PLACE, w, static_cast<int>(n), t16, op_bf16, MPI_COMM_WORLD);
+      for (std::size_t i = 0; i < n; ++i) pool[off + i] = gflow::kernels::to_float(w[i]);
+    }
+  }
+};
+
+// Greedy bucketing written out by hand (whole tensors in generation order, close at >= threshold).
+std::vector<std::pair<std::size_t, std::size_t>> hand_buckets(const gflow::Layout& l, std::size_t threshold, std::size_t wire_bytes) {
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  std::size_t off = 0, start = 0, bytes = 0;
+  for (std::size_t k = l.size(); k-- > 0;) {
+    off += l[k].numel;
+    bytes += l[k].numel * wire_bytes;
+    if (bytes >= threshold) {
+      out.push_back({start, off - start});
+      start = off;
+      bytes = 0;
+    }
+  }
+  if (off > start) out.push_back({start, off - start});
+  return out;
+}
+
+struct stats {
+  double median, p10, p90;
+};
+stats summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  auto q = [&](double f) {
+    const double idx = f * static_cast<double>(v.size() - 1);
+    const auto lo = static_cast<std::size_t>(std::floor(idx));
+    const auto hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (v[hi] - v[lo]) * (idx - static_cast<double>(lo));
+  };
+  return {q(0.5), q(0.1), q(0.9)};
+}
+
+template <class E>
+using on_mpi = typename E::template on<gflow::mpi::transport>;
+
+struct variant_result {
+  std::string name;
+  std::size_t threshold;
+  std::size_t collectives;
+  stats s;
+};
+
+template <class Wire>
+std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& l, std::size_t threshold, bool with_fixed) {
+  int rank = 0, P = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  gflow::mpi::transport tr(MPI_COMM_WORLD);
+  using E = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>>;
+  gflow::exchange_options eo;
+  eo.threshold_bytes = threshold;
+  on_mpi<E> ex(tr, l, eo);
+
+  const std::size_t total = l.total_numel();
+  std::vector<float> fresh(total);
+  for (std::size_t i = 0; i < total; ++i) fresh[i] = static_cast<float>(((i * 2654435761u + static_cast<std::size_t>(rank) * 40503u) % 2001)) / 1000.0f - 1.0f;
+  std::vector<float> pool(total);
+  std::vector<std::uint16_t> wire(total);
+  hand_written hw;
+  const std::size_t wbytes = sizeof(typename Wire::type);
+  const auto buckets = hand_buckets(l, threshold, wbytes);
+  std::vector<std::pair<std::size_t, std::size_t>> per_tensor;
+  {
+    std::size_t off = 0;
+    for (std::size_t k = l.size(); k-- > 0;) {
+      per_tensor.push_back({off, l[k].numel});
+      off += l[k].numel;
+    }
+  }
+  if (ex.buckets().size() != buckets.size()) {
+    std::fprintf(stderr, "gflow_bench: bucket plans differ (%zu vs %zu)\n", ex.buckets().size(), buckets.size());
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+
+  struct variant {
+    std::string name;
+    std::size_t collectives;
+    std::function<void()> run;
+    std::function<void()> prepare;
+    std::vector<double> times;
+  };
+  std::vector<variant> vs;
+  auto fill_pool = [&] { std::memcpy(pool.data(), fresh.data(), total * sizeof(float)); };
+  auto ranges_run = [&](const std::vector<std::pair<std::size_t, std::size_t>>* rs) {
+    return [&, rs] {
+      for (auto [off, n] : *rs) hw.allreduce_avg(pool.data(), wire.data(), o.wire, off, n, P);
+    };
+  };
+  static const std::vector<std::pair<std::size_t, std::size_t>> none;
+  std::vector<std::pair<std::size_t, std::size_t>> whole{{0, total}};
+  if (with_fixed) vs.push_back({"mpi_per_tensor", per_tensor.size(), ranges_run(&per_tensor), fill_pool, {}});
+  vs.push_back({"mpi_bucketed", buckets.size(), ranges_run(&buckets), fill_pool, {}});
+  if (with_fixed) vs.push_back({"mpi_whole", 1, ranges_run(&whole), fill_pool, {}});
+  vs.push_back({"gflow", ex.buckets().size(),
+                [&] {
+                  for (std::size_t k = l.size(); k-- > 0;) ex.ready(k);
+                  auto st = ex.finish();
+                  if (!st.finite()) std::fprintf(stderr, "gflow_bench: non-finite result\n");
+                },
+                [&] { std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float)); }, {}});
+
+  for (int it = 0; it < o.warmup + o.iters; ++it) {
+    for (auto& v : vs) {
+      v.prepare();
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = MPI_Wtime();
+      v.run();
+      double dt = MPI_Wtime() - t0;
+      MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (it >= o.warmup) v.times.push_back(dt);
+    }
+    if (rank == 0) std::fprintf(stderr, "\r  threshold %zu B: iteration %d/%d", threshold, it + 1, o.warmup + o.iters);
+  }
+  if (rank == 0) std::fprintf(stderr, "\r%60s\r", "");
+  // gflow and the hand-written bucketed run must agree bit for bit
+  {
+    fill_pool();
+    ranges_run(&buckets)();
+    std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float));
+    for (std::size_t k = l.size(); k-- > 0;) ex.ready(k);
+    (void)ex.finish();
+    if (std::memcmp(pool.data(), ex.pool_data(), total * sizeof(float)) != 0 && rank == 0)
+      std::fprintf(stderr, "gflow_bench: WARNING gflow and hand-written bucketed results differ\n");
+  }
+  std::vector<variant_result> out;
+  for (auto& v : vs) out.push_back({v.name, v.name == "mpi_per_tensor" || v.name == "mpi_whole" ? 0 : threshold, v.collectives, summarize(v.times)});
+  return out;
+}
+
+std::vector<variant_result> run_wire(const options& o, const gflow::Layout& l, std::size_t threshold, bool with_fixed) {
+  if (o.wire == "fp16") return run_exchange<gflow::wire::fp16>(o, l, threshold, with_fixed);
+  if (o.wire == "bf16") return run_exchange<gflow::wire::bf16>(o, l, threshold, with_fixed);
+  return run_exchange<gflow::wire::fp32>(o, l, threshold, with_fixed);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, P = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  const options o = parse(argc, argv);
+  gflow::Layout l;
+  try {
+    l = load_layout(o.layout);
+  } catch (const gflow::error& e) {
+    if (rank == 0) std::fprintf(stderr, "%s\n", e.what());
+    MPI_Finalize();
+    return 2;
+  }
+  std::string layout_name = o.layout;
+  if (auto s = layout_name.find_last_of('/'); s != std::string::npos) layout_name = layout_name.substr(s + 1);
+  if (auto d = layout_name.find(".tsv"); d != std::string::npos) layout_name = layout_name.substr(0, d);
+  const std::size_t wbytes = o.wire == "fp32" ? 4 : 2;
+  const std::size_t payload = l.total_numel() * wbytes;
+
+  std::vector<std::size_t> thresholds{o.threshold};
+  if (o.sweep) {
+    thresholds.clear();
+    for (std::size_t t = 64u << 10; t <= (256u << 20); t *= 2) thresholds.push_back(t);
+  }
+  if (rank == 0)
+    std::fprintf(stderr, "gflow bench: suite exchange, layout %s (%zu tensors, %.1f M elements), %d ranks, wire %s, %d+%d iterations\n",
+                 layout_name.c_str(), l.size(), static_cast<double>(l.total_numel()) / 1e6, P, o.wire.c_str(), o.warmup, o.iters);
+  std::vector<variant_result> all;
+  for (std::size_t k = 0; k < thresholds.size(); ++k) {
+    auto rs = run_wire(o, l, thresholds[k], k == 0);
+    all.insert(all.end(), rs.begin(), rs.end());
+  }
+  if (rank == 0) {
+    std::fprintf(stderr, "%-16s %14s %6s %12s %12s %12s %10s\n", "variant", "threshold_B", "colls", "median_ms", "p10_ms", "p90_ms", "vs_bucket");
+    std::map<std::size_t, double> bucketed;
+    for (auto& r : all)
+      if (r.name == "mpi_bucketed") bucketed[r.threshold] = r.s.median;
+    for (auto& r : all) {
+      const double ratio = (r.name == "gflow" && bucketed.count(r.threshold)) ? r.s.median / bucketed[r.threshold] : 0.0;
+      std::fprintf(stderr, "%-16s %14zu %6zu %12.3f %12.3f %12.3f %10s\n", r.name.c_str(), r.threshold, r.collectives, r.s.median * 1e3,
+                   r.s.p10 * 1e3, r.s.p90 * 1e3, ratio > 0 ? (std::to_string(ratio).substr(0, 5)).c_str() : "");
+      std::printf(
+          "{\"suite\":\"exchange\",\"layout\":\"%s\",\"ranks\":%d,\"variant\":\"%s\",\"wire\":\"%s\",\"threshold_bytes\":%zu,"
+          "\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"bytes_per_rank\":%zu,\"collectives\":%zu,\"iterations\":%d%s}\n",
+          layout_name.c_str(), P, r.name.c_str(), o.wire.c_str(), r.threshold, r.s.median, r.s.p10, r.s.p90, payload, r.collectives, o.iters,
+          ratio > 0 ? (",\"ratio_vs_mpi_bucketed\":" + std::to_string(ratio)).c_str() : "");
+    }
+    if (o.sweep) {
+      const variant_result* best = nullptr;
+      for (auto& r : all)
+        if (r.name == "gflow" && (!best || r.s.median < best->s.median)) best = &r;
+      if (best) std::fprintf(stderr, "best gflow threshold for %s on %d ranks: %zu B (%.3f ms)\n", layout_name.c_str(), P, best->threshold, best->s.median * 1e3);
+    }
+    std::fflush(stdout);
+  }
+  MPI_Finalize();
+  return 0;
+}
