@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the Debian packages gflow's build, tests, benchmarks and demo need (idempotent:
+# apt runs only when something is missing). The CUDA toolkit (nvcc, NCCL) is optional and is
+# not installed here; when /usr/local/cuda/bin/nvcc exists the CUDA targets are built too.
+set -euo pipefail
+pkgs=(cmake make g++ clang libopenmpi-dev openmpi-bin doctest-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}" >&2
+  SUDO=""
+  if [[ "$(id -u)" != 0 ]]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Every test on a fresh machine: install what is needed, then
+#   1. a Release build of everything (CUDA targets compile when nvcc is present; they run only
+#      where a GPU is, and report "skipped" elsewhere) and the whole ctest suite;
+#   2. the host and MPI tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
+#   3. the threaded parts (in-process transport, exchanger on thread ranks) under ThreadSanitizer.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$root/scripts/install-deps.sh"
+jobs="$(nproc)"
+out="${GFLOW_TEST_BUILD:-$root/build-test}"
+export OMPI_MCA_rmaps_base_oversubscribe=1
+
+step() { printf '\n==== %s ====\n' "$*"; }
+
+step "release build + full test suite"
+cmake -S "$root" -B "$out/release" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$out/release" -j"$jobs"
+ctest --test-dir "$out/release" --output-on-failure -j"$jobs"
+
+step "ASan + UBSan: unit and MPI tests"
+cmake -S "$root" -B "$out/asan" -DCMAKE_BUILD_TYPE=Debug -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_BUILD_BENCH=OFF \
+  -DGFLOW_BUILD_EXAMPLES=OFF -DGFLOW_SANITIZE=address,undefined >/dev/null
+cmake --build "$out/asan" -j"$jobs" --target gflow_tests $(cmake --build "$out/asan" --target help | grep -o 'gflow_mpi_tests' | head -1)
+# Open MPI's own allocations are reported as leaks by LeakSanitizer; leaks are checked in the unit run.
+ctest --test-dir "$out/asan" --output-on-failure -R '^unit$'
+ASAN_OPTIONS=detect_leaks=0 ctest --test-dir "$out/asan" --output-on-failure -R '^mpi'
+
+step "TSan: threaded parts"
+cmake -S "$root" -B "$out/tsan" -DCMAKE_BUILD_TYPE=Debug -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_BUILD_BENCH=OFF \
+  -DGFLOW_BUILD_EXAMPLES=OFF -DGFLOW_SANITIZE=thread >/dev/null
+cmake --build "$out/tsan" -j"$jobs" --target gflow_tests
+TSAN_OPTIONS="halt_on_error=1" ctest --test-dir "$out/tsan" --output-on-failure -R '^unit$'
+
+step "all test stages passed"
