@@ -1,0 +1,6 @@
+// build error: gflow::Exchanger: a template argument is not a gflow policy.
+#include <gflow/exchanger.hpp>
+#include <gflow/transport/mock.hpp>
+
+// int is not a policy; the error must say so, not "no type named precision".
+static_assert(sizeof(gflow::Exchanger<int>::on<gflow::mock::transport>) > 0);

@@ -1,0 +1,28 @@
+// build ok
+// Positive control: the harness must accept valid code, so a broken harness (wrong include
+// path, wrong flags) cannot make every compile-fail case "pass". It also checks that the fake
+// transports the other cases use are real transports, so those cases fail for the reason they
+// name.
+#include <gflow/exchanger.hpp>
+#include <gflow/transport/inproc.hpp>
+#include <gflow/transport/mock.hpp>
+
+#include "fake_transports.hpp"
+
+static_assert(gflow::transport<gflow_test::device_transport>);
+static_assert(gflow::transport<gflow_test::fp32_only_transport>);
+static_assert(gflow::reduces<gflow_test::fp32_only_transport, float>);
+static_assert(!gflow::reduces<gflow_test::fp32_only_transport, gflow::half>);
+static_assert(!gflow::transport<gflow_test::not_a_transport>);
+
+using E = gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<4 << 20, 1 << 20>, gflow::Topology<>,
+                           gflow::Sparsifier<>, gflow::Overlap<>>;
+static_assert(sizeof(E::on<gflow::mock::transport>) > 0);
+static_assert(sizeof(E::on<gflow::inproc::transport>) > 0);
+// Every policy family defaults; any order.
+static_assert(sizeof(gflow::Exchanger<>::on<gflow::mock::transport>) > 0);
+static_assert(sizeof(gflow::Exchanger<gflow::Fusion<1024>, gflow::Precision<gflow::wire::bf16>>::on<gflow::mock::transport>) > 0);
+// fp32 on the wire works over a transport that only sums fp32.
+static_assert(sizeof(gflow::Exchanger<gflow::Precision<gflow::wire::fp32>>::on<gflow_test::fp32_only_transport>) > 0);
+
+int main() {}

@@ -1,0 +1,6 @@
+// build error: gflow::Exchanger: more than one Precision policy. Keep exactly one gflow::Precision<...>.
+#include <gflow/exchanger.hpp>
+#include <gflow/transport/mock.hpp>
+
+using E = gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<1024>, gflow::Precision<gflow::wire::bf16>>;
+static_assert(sizeof(E::on<gflow::mock::transport>) > 0);

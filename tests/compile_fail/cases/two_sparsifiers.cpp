@@ -1,0 +1,6 @@
+// build error: gflow::Exchanger: more than one Sparsifier policy. Keep exactly one gflow::Sparsifier<...>.
+#include <gflow/exchanger.hpp>
+#include <gflow/transport/mock.hpp>
+
+using E = gflow::Exchanger<gflow::Sparsifier<>, gflow::Sparsifier<gflow::Dense>>;
+static_assert(sizeof(E::on<gflow::mock::transport>) > 0);
