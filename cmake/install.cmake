@@ -1,18 +1,11 @@
-# Installs the headers and exports gflow::gflow (+ gflow::mpi / gflow::cuda / gflow::nccl when
-# built) with a package config, so a consumer can find_package(gflow).
+# Installs the headers and exports gflow::gflow with a package config. The optional parts
+# (gflow::mpi, gflow::cuda, gflow::nccl) are not exported with this machine's paths: the package
+# config finds MPI / the CUDA toolkit / NCCL again on the consumer's machine and creates them
+# there, so `find_package(gflow)` works without MPI or CUDA, and
+# `find_package(gflow REQUIRED COMPONENTS mpi)` insists on MPI.
 include(CMakePackageConfigHelpers)
 install(DIRECTORY include/gflow DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-set(_gflow_targets gflow)
-if(TARGET gflow_mpi)
-  list(APPEND _gflow_targets gflow_mpi)
-endif()
-if(TARGET gflow_cuda)
-  list(APPEND _gflow_targets gflow_cuda)
-endif()
-if(TARGET gflow_nccl)
-  list(APPEND _gflow_targets gflow_nccl)
-endif()
-install(TARGETS ${_gflow_targets} EXPORT gflowTargets)
+install(TARGETS gflow EXPORT gflowTargets)
 install(EXPORT gflowTargets NAMESPACE gflow:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/gflow)
 configure_package_config_file(cmake/gflowConfig.cmake.in ${PROJECT_BINARY_DIR}/gflowConfig.cmake
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/gflow)

@@ -54,10 +54,20 @@ struct backend_for<host_memory> { using type = host_backend; };
 // backend_for<device_memory> lives in include/gflow/cuda/device_backend.cuh.
 template <class Space>
 concept has_backend = requires { typename backend_for<Space>::type; };
+// The backend, or the host one where none exists, so a missing CUDA backend is reported by the
+// static_assert alone rather than by a cascade of incomplete-type errors.
+template <class Space>
+struct backend_or_host { using type = host_backend; };
+template <has_backend Space>
+struct backend_or_host<Space> { using type = typename backend_for<Space>::type; };
 }  // namespace detail
 
-template <transport T, class Set>
+template <class T, class Set>
 class basic_exchanger {
+  static_assert(transport<T>,
+                "gflow::Exchanger<...>::on<T>: T is not a gflow transport. Use gflow::mpi::transport, "
+                "gflow::nccl::transport, gflow::inproc::transport or gflow::mock::transport, or give T every member "
+                "the gflow::transport concept lists (include/gflow/transport/transport.hpp).");
   static_assert(detail::has_backend<typename T::memory_space>,
                 "gflow::Exchanger: this transport works on device memory (NCCL) and needs the CUDA kernels. "
                 "Compile the translation unit with nvcc (a .cu file) and include <gflow/cuda/exchanger.cuh>.");
@@ -66,7 +76,7 @@ class basic_exchanger {
   static_assert(reduces<T, wire_t>,
                 "gflow::Exchanger: the transport cannot sum the Precision policy's wire type. "
                 "Pick a wire format the transport reduces (every gflow transport reduces wire::fp32) or another transport.");
-  using backend = typename detail::backend_for<typename T::memory_space>::type;
+  using backend = typename detail::backend_or_host<typename T::memory_space>::type;
   using engine_t = typename Set::topology::algorithm::template engine<T>;
 
  public:
@@ -220,7 +230,7 @@ class basic_exchanger {
 template <class... Policies>
 struct Exchanger {
   using policies = detail::policy_set<Policies...>;
-  template <transport T>
+  template <class T>
   using on = basic_exchanger<T, policies>;
 };
 

@@ -24,6 +24,14 @@ concept wire_format = requires {
   { W::name } -> std::convertible_to<std::string_view>;
 } && wire_element<typename W::type>;
 
+namespace detail {
+// Keeps Precision<not-a-wire-format> down to the one static_assert below.
+template <class W>
+struct wire_type_of { using type = float; };
+template <wire_format W>
+struct wire_type_of<W> { using type = typename W::type; };
+}  // namespace detail
+
 template <class W = wire::fp32>
 struct Precision {
   static_assert(wire_format<W>,
@@ -31,7 +39,7 @@ struct Precision {
                 "Use gflow::wire::fp32, gflow::wire::fp16 or gflow::wire::bf16.");
   using gflow_family = precision_family;
   using format = W;
-  using wire_type = typename W::type;
+  using wire_type = typename detail::wire_type_of<W>::type;
   static constexpr bool narrow = sizeof(wire_type) < sizeof(float);
 };
 

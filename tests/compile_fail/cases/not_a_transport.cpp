@@ -1,8 +1,6 @@
-// build error: constraints not satisfied
-// A type that is not a gflow::transport is refused by Exchanger<...>::on's constraint, at the
-// point of use. (There is no static_assert sentence for this yet: the compiler's own concept
-// diagnostic lists which required expression is missing. Both GCC and Clang say "constraints
-// not satisfied".)
+// build error: T is not a gflow transport
+// A type that is not a gflow::transport is refused by a static_assert in the exchanger that says
+// which transports exist and where the concept is written down.
 #include <gflow/exchanger.hpp>
 
 #include "fake_transports.hpp"
