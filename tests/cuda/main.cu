@@ -1,0 +1,43 @@
+// Runs the CUDA tests: `gflow_cuda_tests [suite]` (suites: kernels, nccl).
+// Exit codes: 0 passed, 1 failed, 77 skipped (no CUDA device: ctest's SKIP_RETURN_CODE).
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+
+#include "harness.cuh"
+
+int main(int argc, char** argv) {
+  const char* suite = argc > 1 ? argv[1] : nullptr;
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices == 0) {
+    std::printf("SKIPPED: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount reports 0");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+    std::printf("%d CUDA device(s); device 0: %s (sm_%d%d)\n", devices, prop.name, prop.major, prop.minor);
+  int ran = 0;
+  for (const auto& t : gflow_cuda_test::registry()) {
+    if (suite != nullptr && std::strcmp(suite, t.suite) != 0) continue;
+    const int before = gflow_cuda_test::failures();
+    std::printf("[ RUN  ] %s.%s\n", t.suite, t.name);
+    std::fflush(stdout);
+    try {
+      t.fn();
+    } catch (const std::exception& ex) {
+      gflow_cuda_test::fail(t.name, 0, std::string("uncaught exception: ") + ex.what());
+    }
+    std::printf("[ %s ] %s.%s\n", gflow_cuda_test::failures() == before ? " OK " : "FAIL", t.suite, t.name);
+    ++ran;
+  }
+  std::printf("%d test(s), %lld check(s), %d failure(s)\n", ran, static_cast<long long>(gflow_cuda_test::checks()),
+              static_cast<int>(gflow_cuda_test::failures()));
+  if (ran == 0) {
+    std::printf("no test matches suite '%s'\n", suite ? suite : "");
+    return 1;
+  }
+  return gflow_cuda_test::failures() == 0 ? 0 : 1;
+}

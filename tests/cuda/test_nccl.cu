@@ -1,0 +1,280 @@
+// gflow::nccl::transport and the Exchanger on device memory, over every visible GPU
+// (init_all(ndev); one host thread per rank). With one GPU these are 1-rank exchanges: the
+// average must equal the input exactly.
+#include <gflow/cuda/exchanger.cuh>
+#include <gflow/transport/nccl.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <span>
+#include <type_traits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.cuh"
+
+namespace {
+
+using f16 = gflow::half;
+using bf16 = gflow::bfloat16;
+namespace gc = gflow::cuda;
+using gflow::nccl::transport;
+
+void ok(cudaError_t e, const char* what) { gc::check_cuda(e, what); }
+
+int device_count() {
+  int n = 0;
+  ok(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+  return n;
+}
+
+/// Runs fn(t) for every rank, one host thread per rank (the rank's device made current), and
+/// reports exceptions as failures.
+template <class Fn>
+void run_ranks(std::vector<transport>& ranks, Fn fn) {
+  auto body = [&](transport& t) {
+    try {
+      ok(cudaSetDevice(t.device()), "cudaSetDevice");
+      fn(t);
+    } catch (const std::exception& e) {
+      gflow_cuda_test::fail(__FILE__, __LINE__, "rank " + std::to_string(t.rank()) + ": " + e.what());
+    }
+  };
+  if (ranks.size() == 1) {
+    body(ranks[0]);
+    return;
+  }
+  std::vector<std::thread> threads;
+  for (auto& t : ranks) threads.emplace_back([&body, &t] { body(t); });
+  for (auto& th : threads) th.join();
+}
+
+template <class T>
+struct dbuf {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit dbuf(std::size_t count) : n(count) {
+    void* q = nullptr;
+    ok(cudaMalloc(&q, (count ? count : 1) * sizeof(T)), "cudaMalloc");
+    p = static_cast<T*>(q);
+  }
+  ~dbuf() { (void)cudaFree(p); }
+  dbuf(const dbuf&) = delete;
+  dbuf& operator=(const dbuf&) = delete;
+  void put(const std::vector<T>& h) { ok(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D"); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    ok(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
+    return h;
+  }
+};
+
+}  // namespace
+
+GFLOW_CUDA_TEST("nccl", collectives_on_every_visible_device) {
+  auto ranks = transport::init_all(device_count());
+  const int P = static_cast<int>(ranks.size());
+  std::printf("  %d rank(s)\n", P);
+  run_ranks(ranks, [P](transport& t) {
+    const int r = t.rank();
+    EXPECT(t.size() == P);
+    const std::size_t n = 1000;
+
+    // all_reduce (sum, blocking) and iall_reduce (max) + wait
+    dbuf<float> a(n);
+    std::vector<float> h(n);
+    for (std::size_t i = 0; i < n; ++i) h[i] = static_cast<float>(r + 1) + static_cast<float>(i);
+    a.put(h);
+    t.all_reduce(a.p, n, gflow::reduce_op::sum);
+    auto got = a.get();
+    bool good = true;
+    for (std::size_t i = 0; i < n; ++i)
+      good &= got[i] == static_cast<float>(P * (P + 1) / 2) + static_cast<float>(P) * static_cast<float>(i);
+    EXPECT_MSG(good, "all_reduce sum on rank " + std::to_string(r));
+
+    dbuf<std::int32_t> m(3);
+    m.put({r, -r, 7});
+    auto req = t.iall_reduce(m.p, 3, gflow::reduce_op::max);
+    t.wait(req);
+    t.wait(req);  // a completed request waits for nothing
+    auto mx = m.get();
+    EXPECT(mx[0] == P - 1 && mx[1] == 0 && mx[2] == 7);
+
+    // all_gather
+    dbuf<std::uint64_t> s(4), g(4 * static_cast<std::size_t>(P));
+    s.put({std::uint64_t(r) * 100, std::uint64_t(r) * 100 + 1, std::uint64_t(r) * 100 + 2, std::uint64_t(r) * 100 + 3});
+    t.all_gather(s.p, g.p, 4);
+    auto gg = g.get();
+    good = true;
+    for (int q = 0; q < P; ++q)
+      for (int j = 0; j < 4; ++j) good &= gg[static_cast<std::size_t>(q * 4 + j)] == std::uint64_t(q) * 100 + std::uint64_t(j);
+    EXPECT_MSG(good, "all_gather on rank " + std::to_string(r));
+
+    // broadcast from the last rank, reduce to rank 0
+    dbuf<double> b(2);
+    b.put({double(r), double(r) * 2});
+    t.broadcast(b.p, 2, P - 1);
+    auto bb = b.get();
+    EXPECT(bb[0] == double(P - 1) && bb[1] == double(2 * (P - 1)));
+    dbuf<std::int64_t> red(1);
+    red.put({std::int64_t(r) + 1});
+    t.reduce(red.p, 1, gflow::reduce_op::sum, 0);
+    if (r == 0) EXPECT(red.get()[0] == std::int64_t(P) * (P + 1) / 2);
+
+    // point to point: a ring shift, send and recv in one group
+    dbuf<std::uint8_t> out(16), in(16);
+    out.put(std::vector<std::uint8_t>(16, static_cast<std::uint8_t>(r + 1)));
+    const int next = (r + 1) % P, prev = (r + P - 1) % P;
+    transport::request rs, rr;
+    {
+      gflow::nccl::group grp;
+      rs = t.isend(out.p, 16, next);
+      rr = t.irecv(in.p, 16, prev);
+      EXPECT_THROWS_AS(t.barrier(), gflow::usage_error);  // blocking calls are refused inside a group
+      grp.end();
+    }
+    t.wait(rs);
+    t.wait(rr);
+    EXPECT(in.get() == std::vector<std::uint8_t>(16, static_cast<std::uint8_t>(prev + 1)));
+
+    // fp16 / bf16 sums
+    dbuf<f16> hh(2);
+    hh.put({f16{0x3c00}, f16{0x3800}});  // 1, 0.5
+    t.all_reduce(hh.p, 2, gflow::reduce_op::sum);
+    auto hs = hh.get();
+    EXPECT(gflow::kernels::to_float(hs[0]) == float(P) && gflow::kernels::to_float(hs[1]) == 0.5f * float(P));
+    dbuf<bf16> bh(1);
+    bh.put({bf16{0x3f80}});
+    t.all_reduce(bh.p, 1, gflow::reduce_op::sum);
+    EXPECT(gflow::kernels::to_float(bh.get()[0]) == float(P));
+
+    // a stream waits for a request without blocking the host
+    cudaStream_t other = nullptr;
+    ok(cudaStreamCreate(&other), "cudaStreamCreate");
+    auto req2 = t.iall_reduce(a.p, n, gflow::reduce_op::sum);
+    t.enqueue_wait(req2, other);
+    ok(cudaStreamSynchronize(other), "cudaStreamSynchronize");
+    t.wait(req2);
+    ok(cudaStreamDestroy(other), "cudaStreamDestroy");
+
+    t.barrier();
+
+    // argument errors are reported before NCCL sees them
+    EXPECT_THROWS_AS(t.broadcast(b.p, 2, P), gflow::invalid_argument);
+    EXPECT_THROWS_AS(t.send(out.p, 16, -1), gflow::invalid_argument);
+    EXPECT_THROWS_AS(t.split(-1, 0), gflow::invalid_argument);
+  });
+}
+
+GFLOW_CUDA_TEST("nccl", more_operations_than_the_event_ring) {
+  auto ranks = transport::init_all(device_count());
+  run_ranks(ranks, [](transport& t) {
+    dbuf<float> a(1);
+    a.put({1.0f});
+    std::vector<transport::request> reqs;
+    for (std::size_t i = 0; i < transport::event_ring_size + 10; ++i) reqs.push_back(t.iall_reduce(a.p, 1, gflow::reduce_op::max));
+    for (auto& q : reqs) t.wait(q);
+    EXPECT(a.get()[0] == 1.0f);
+  });
+}
+
+GFLOW_CUDA_TEST("nccl", split_by_parity_reverses_order_by_key) {
+  auto ranks = transport::init_all(device_count());
+  const int P = static_cast<int>(ranks.size());
+  run_ranks(ranks, [P](transport& t) {
+    const int r = t.rank();
+    transport sub = t.split(r % 2, -r);  // same color: even / odd ranks; key -r: reverse order
+    int members = 0, before = 0;
+    for (int q = r % 2; q < P; q += 2) {
+      ++members;
+      if (q > r) ++before;
+    }
+    EXPECT(sub.size() == members);
+    EXPECT(sub.rank() == before);
+    EXPECT(sub.stream() == t.stream());
+    dbuf<std::int32_t> one(1);
+    one.put({1});
+    sub.all_reduce(one.p, 1, gflow::reduce_op::sum);
+    EXPECT(one.get()[0] == members);
+  });
+}
+
+namespace {
+
+gflow::Layout test_layout() { return gflow::Layout::from_sizes({1000, 3, 70000, 17, 4096, 5}); }
+
+/// Rank r's gradient of tensor i, element j: multiples of 1/8, exact in fp16 and bf16.
+float grad(int r, std::size_t i, std::size_t j) {
+  return static_cast<float>(static_cast<int>((j * 7 + i * 3) % 13) - 6) * 0.125f * static_cast<float>(r + 1);
+}
+
+template <class Wire>
+void exchange_on_every_device(const char* label) {
+  using Ex = typename gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(64 << 10)>>::template on<transport>;
+  auto ranks = transport::init_all(device_count());
+  const int P = static_cast<int>(ranks.size());
+  const gflow::Layout layout = test_layout();
+  std::vector<std::vector<float>> results(static_cast<std::size_t>(P));
+  std::vector<std::size_t> nonfinite(static_cast<std::size_t>(P));
+
+  run_ranks(ranks, [&](transport& t) {
+    const int r = t.rank();
+    Ex ex(t, layout);
+    for (int iter = 0; iter < 2; ++iter) {
+      // Backward order: last tensor first. Tensor 1 goes through the copying path.
+      dbuf<float> staging(layout[1].numel);
+      for (std::size_t k = layout.size(); k-- > 0;) {
+        std::vector<float> h(layout[k].numel);
+        for (std::size_t j = 0; j < h.size(); ++j) h[j] = grad(r, k, j);
+        if (iter == 1 && r == 0 && k == 2) h[5] = INFINITY;  // second iteration: rank 0 overflows
+        if (k == 1) {
+          staging.put(h);
+          ex.ready(k, std::span<const float>(staging.p, staging.n));
+        } else {
+          auto v = ex.view(k);
+          ok(cudaMemcpy(v.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice), "H2D");
+          ex.ready(k);
+        }
+      }
+      const gflow::exchange_status st = ex.finish();
+      EXPECT(st.collectives == ex.buckets().size());
+      if (iter == 0) {
+        EXPECT_MSG(st.finite(), std::string(label) + ": rank " + std::to_string(r) + " nonfinite " + std::to_string(st.nonfinite));
+        std::vector<float> pool(ex.pool_size());
+        ok(cudaMemcpy(pool.data(), ex.pool_data(), pool.size() * sizeof(float), cudaMemcpyDeviceToHost), "D2H");
+        // Compare with the exact average, tensor by tensor.
+        double worst = 0;
+        for (std::size_t k = 0; k < layout.size(); ++k) {
+          auto v = ex.view(k);
+          const std::size_t off = static_cast<std::size_t>(v.data() - ex.pool_data());
+          for (std::size_t j = 0; j < v.size(); ++j) {
+            double sum = 0;
+            for (int q = 0; q < P; ++q) sum += grad(q, k, j);
+            worst = std::max(worst, std::fabs(pool[off + j] - sum / P));
+            if (P == 1 && pool[off + j] != grad(0, k, j)) worst = std::max(worst, 1.0);  // 1 rank: exact
+          }
+        }
+        // Exact when P is a power of two; otherwise the 16-bit wire rounds the 1/P shares.
+        // (NCCL also rounds each partial sum to the wire type.)
+        const double tol = (std::is_same_v<Wire, gflow::wire::fp32> ? 1e-6 : std::is_same_v<Wire, gflow::wire::fp16> ? 1e-2 : 5e-2) * P;
+        EXPECT_MSG(worst <= tol, std::string(label) + ": rank " + std::to_string(r) + " max error " + std::to_string(worst));
+        results[static_cast<std::size_t>(r)] = std::move(pool);
+      } else {
+        nonfinite[static_cast<std::size_t>(r)] = st.nonfinite;
+      }
+    }
+  });
+  for (int q = 1; q < P; ++q)
+    EXPECT_MSG(results[static_cast<std::size_t>(q)] == results[0], std::string(label) + ": rank " + std::to_string(q) + " differs from rank 0");
+  for (int q = 0; q < P; ++q) EXPECT_MSG(nonfinite[static_cast<std::size_t>(q)] >= 1, std::string(label) + ": inf not reported on rank " + std::to_string(q));
+  for (int q = 1; q < P; ++q) EXPECT(nonfinite[static_cast<std::size_t>(q)] == nonfinite[0]);
+}
+
+}  // namespace
+
+GFLOW_CUDA_TEST("nccl", exchanger_fp32_wire) { exchange_on_every_device<gflow::wire::fp32>("fp32"); }
+GFLOW_CUDA_TEST("nccl", exchanger_fp16_wire) { exchange_on_every_device<gflow::wire::fp16>("fp16"); }
+GFLOW_CUDA_TEST("nccl", exchanger_bf16_wire) { exchange_on_every_device<gflow::wire::bf16>("bf16"); }
