@@ -192,7 +192,15 @@ class basic_exchanger {
     while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].end_pos <= prefix_pos_) launch(next_bucket_++);
   }
 
-  // Overlap<None>: the bucket is exchanged and finished here, synchronously.
+  // Overlap<None>: the bucket is exchanged and finished here. On a host backend the collective
+  // is blocking; on a stream-ordered (CUDA) backend it is started and the cast-back kernels queue
+  // behind it on the same stream, so the host never waits inside ready().
+  template <class E>
+  void exchange(E* buf, std::size_t n) {
+    if constexpr (backend::stream_ordered) (void)engine_.start(buf, n);
+    else engine_.run(buf, n);
+  }
+
   void launch(std::size_t b) {
     const auto& bk = buckets_[b];
     float* g = grads_.data() + bk.offset;
@@ -200,10 +208,10 @@ class basic_exchanger {
     if constexpr (precision::narrow) {
       wire_t* w = wire_.data() + bk.offset;
       ctx_.scale_to_wire(g, w, bk.count, inv);  // divide before the cast: the sum cannot overflow where fp32's would not
-      engine_.run(w, bk.count);
+      exchange(w, bk.count);
       ctx_.wire_to_float(w, g, bk.count);       // counts inf / NaN
     } else {
-      engine_.run(g, bk.count);
+      exchange(g, bk.count);
       if (opt_.average) ctx_.scale_in_place(g, bk.count, inv);  // counts inf / NaN
       else ctx_.count_nonfinite(g, bk.count);
     }

@@ -65,6 +65,10 @@ class device_buffer {
 };
 
 struct device_backend {
+  // Kernels run on the transport's stream, after every collective started on it: the exchanger
+  // starts a bucket's collective and enqueues the cast-back behind it without waiting;
+  // take_nonfinite() in finish() is the one host synchronisation per iteration.
+  static constexpr bool stream_ordered = true;
   template <class E>
   using buffer = device_buffer<E>;
 

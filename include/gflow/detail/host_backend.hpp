@@ -3,6 +3,7 @@
 // The device twin (include/gflow/cuda/device_backend.cuh) has the same members and runs the
 // CUDA kernels on the transport's stream.
 //
+//   stream_ordered             true when kernels queue behind started collectives (CUDA stream)
 //   buffer<E>                  owning, zero-filled, 64-byte aligned array
 //   context(transport&)        per-exchanger kernel context
 //     scale_to_wire(in, out, n, s)   out = W(in * s)
@@ -43,6 +44,8 @@ class host_buffer {
 };
 
 struct host_backend {
+  // Host kernels run on the caller's thread: a collective must complete before its result is read.
+  static constexpr bool stream_ordered = false;
   template <class E>
   using buffer = host_buffer<E>;
 
