@@ -11,6 +11,7 @@
 // per iteration; median, p10 and p90 over the timed iterations after warm-up.
 // Output: a table on stderr, one JSON object per variant on stdout (rank 0 only).
 #include <mpi.h>
+#include <unistd.h>
 
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mpi.hpp>
@@ -244,9 +245,12 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
       MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       if (it >= o.warmup) v.times.push_back(dt);
     }
-    if (rank == 0) std::fprintf(stderr, "\r  threshold %zu B: iteration %d/%d", threshold, it + 1, o.warmup + o.iters);
+    if (rank == 0 && isatty(2)) std::fprintf(stderr, "\r  threshold %zu B: iteration %d/%d", threshold, it + 1, o.warmup + o.iters);
   }
-  if (rank == 0) std::fprintf(stderr, "\r%60s\r", "");
+  if (rank == 0) {
+    if (isatty(2)) std::fprintf(stderr, "\r%60s\r", "");
+    else std::fprintf(stderr, "  threshold %zu B: %d iterations done\n", threshold, o.warmup + o.iters);
+  }
   // gflow and the hand-written bucketed run must agree bit for bit
   {
     fill_pool();

@@ -100,33 +100,53 @@ void scale_to_wire(const float* in, W* out, std::size_t n, float scale) noexcept
   for (std::size_t i = 0; i < n; ++i) out[i] = wire_cast<W>(in[i] * scale);
 }
 
+/// 1 when f is inf or NaN (all exponent bits set). Written on the bits, with the counts below
+/// kept in 32-bit blocks, so the loops vectorise: counting costs ~0.5 ms over ResNet-50's pool
+/// where std::isfinite into a size_t cost ~2 ms (a memory-bound pass of ~7 ms).
+constexpr std::uint32_t nonfinite_bit(float f) noexcept {
+  return (std::bit_cast<std::uint32_t>(f) & 0x7f800000u) == 0x7f800000u;
+}
+
+namespace detail {
+inline constexpr std::size_t count_block = std::size_t{1} << 30;  // < 2^32: a block's count fits 32 bits
+// Applies out[i] = op(i) and returns how many results are non-finite.
+template <class Op>
+std::size_t map_count(float* out, std::size_t n, Op op) noexcept {
+  std::size_t bad = 0;
+  for (std::size_t base = 0; base < n; base += count_block) {
+    const std::size_t end = n - base < count_block ? n : base + count_block;
+    std::uint32_t c = 0;
+    for (std::size_t i = base; i < end; ++i) {
+      const float v = op(i);
+      out[i] = v;
+      c += nonfinite_bit(v);
+    }
+    bad += c;
+  }
+  return bad;
+}
+}  // namespace detail
+
 /// out[i] = float(in[i]) after the reduction; returns how many results are inf or NaN.
 template <class W>
 std::size_t wire_to_float(const W* in, float* out, std::size_t n) noexcept {
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float v = to_float(in[i]);
-    out[i] = v;
-    bad += !std::isfinite(v);
-  }
-  return bad;
+  return detail::map_count(out, n, [in](std::size_t i) { return to_float(in[i]); });
 }
 
 /// buf[i] *= scale in place; returns how many results are inf or NaN (the fp32 average path).
 inline std::size_t scale_in_place(float* buf, std::size_t n, float scale) noexcept {
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float v = buf[i] * scale;
-    buf[i] = v;
-    bad += !std::isfinite(v);
-  }
-  return bad;
+  return detail::map_count(buf, n, [buf, scale](std::size_t i) { return buf[i] * scale; });
 }
 
 /// Number of inf / NaN values in buf.
 inline std::size_t count_nonfinite(const float* buf, std::size_t n) noexcept {
   std::size_t bad = 0;
-  for (std::size_t i = 0; i < n; ++i) bad += !std::isfinite(buf[i]);
+  for (std::size_t base = 0; base < n; base += detail::count_block) {
+    const std::size_t end = n - base < detail::count_block ? n : base + detail::count_block;
+    std::uint32_t c = 0;
+    for (std::size_t i = base; i < end; ++i) c += nonfinite_bit(buf[i]);
+    bad += c;
+  }
   return bad;
 }
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Draws bench/run JSON lines as PNG plots for docs/.
+
+  python3 bench/plot.py sweep RESULTS.jsonl... -o docs/exchange_threshold_sweep.png
+      median time against fusion threshold, one line per (layout, ranks) for gflow and the
+      hand-written bucketed MPI, with per-tensor and whole-pool baselines as dashed levels.
+Needs matplotlib (pip install matplotlib).
+"""
+import argparse
+import json
+import sys
+from collections import defaultdict
+
+
+def load(paths):
+    rows = []
+    for p in paths:
+        with open(p) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("{"):
+                    rows.append(json.loads(line))
+    return rows
+
+
+def sweep(rows, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["layout"], r["ranks"], r["wire"])].append(r)
+    keys = sorted(groups)
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4.2), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        rs = groups[key]
+        for variant, style in (("gflow", "o-"), ("mpi_bucketed", "s--")):
+            pts = sorted((r["threshold_bytes"], r["median_s"], r["p10_s"], r["p90_s"]) for r in rs if r["variant"] == variant)
+            if not pts:
+                continue
+            x = [p[0] for p in pts]
+            y = [p[1] * 1e3 for p in pts]
+            lo = [(p[1] - p[2]) * 1e3 for p in pts]
+            hi = [(p[3] - p[1]) * 1e3 for p in pts]
+            ax.errorbar(x, y, yerr=[lo, hi], fmt=style, capsize=2, label=variant)
+        for variant, color in (("mpi_per_tensor", "tab:red"), ("mpi_whole", "tab:gray")):
+            for r in rs:
+                if r["variant"] == variant:
+                    ax.axhline(r["median_s"] * 1e3, color=color, ls=":", label=f"{variant} (median)")
+                    break
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("fusion threshold (bytes on the wire)")
+        ax.set_ylabel("exchange time per iteration (ms, median; bars p10-p90)")
+        ax.set_title(f"{key[0]}, {key[1]} ranks, {key[2]}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}", file=sys.stderr)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("kind", choices=["sweep"])
+    ap.add_argument("inputs", nargs="+")
+    ap.add_argument("-o", "--output", required=True)
+    a = ap.parse_args()
+    rows = load(a.inputs)
+    if not rows:
+        sys.exit("plot.py: no JSON rows in the inputs")
+    sweep(rows, a.output)
+
+
+if __name__ == "__main__":
+    main()
