@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Draws bench/run JSON lines as PNG plots for docs/.
 
+  python3 bench/plot.py table RESULTS.jsonl...
+      a markdown table per (layout, ranks, wire): variant, threshold, collectives, median/p10/p90,
+      and gflow's ratio to the hand-written bucketed MPI at the same threshold.
   python3 bench/plot.py sweep RESULTS.jsonl... -o docs/exchange_threshold_sweep.png
       median time against fusion threshold, one line per (layout, ranks) for gflow and the
       hand-written bucketed MPI, with per-tensor and whole-pool baselines as dashed levels.
@@ -60,16 +63,39 @@ def sweep(rows, out):
     print(f"wrote {out}", file=sys.stderr)
 
 
+def table(rows):
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["layout"], r["ranks"], r["wire"])].append(r)
+    for key in sorted(groups):
+        rs = groups[key]
+        bucketed = {r["threshold_bytes"]: r["median_s"] for r in rs if r["variant"] == "mpi_bucketed"}
+        print(f"\n**{key[0]}, {key[1]} ranks, {key[2]} wire**\n")
+        print("| variant | threshold (B) | collectives | median (ms) | p10 (ms) | p90 (ms) | gflow / bucketed |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in rs:
+            ratio = ""
+            if r["variant"] == "gflow" and r["threshold_bytes"] in bucketed:
+                ratio = f"{r['median_s'] / bucketed[r['threshold_bytes']]:.3f}"
+            print(f"| {r['variant']} | {r['threshold_bytes']} | {r.get('collectives', '')} | {r['median_s'] * 1e3:.2f} | "
+                  f"{r['p10_s'] * 1e3:.2f} | {r['p90_s'] * 1e3:.2f} | {ratio} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["sweep"])
+    ap.add_argument("kind", choices=["sweep", "table"])
     ap.add_argument("inputs", nargs="+")
-    ap.add_argument("-o", "--output", required=True)
+    ap.add_argument("-o", "--output")
     a = ap.parse_args()
     rows = load(a.inputs)
     if not rows:
         sys.exit("plot.py: no JSON rows in the inputs")
-    sweep(rows, a.output)
+    if a.kind == "table":
+        table(rows)
+    else:
+        if not a.output:
+            sys.exit("plot.py sweep: pass -o FILE.png")
+        sweep(rows, a.output)
 
 
 if __name__ == "__main__":

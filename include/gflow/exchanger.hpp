@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/exchange_context.hpp"
 #include "detail/host_backend.hpp"
 #include "detail/policy_set.hpp"
 #include "error.hpp"
@@ -78,6 +79,8 @@ class basic_exchanger {
                 "Pick a wire format the transport reduces (every gflow transport reduces wire::fp32) or another transport.");
   using backend = typename detail::backend_or_host<typename T::memory_space>::type;
   using engine_t = typename Set::topology::algorithm::template engine<T>;
+  using context_t = detail::exchange_context<T, backend, wire_t, engine_t>;
+  using sparsifier_t = typename Set::sparsifier::scheme::template engine<context_t>;
 
  public:
   using transport_type = T;
@@ -86,11 +89,12 @@ class basic_exchanger {
 
   basic_exchanger(T& t, Layout layout, exchange_options opt = {})
       : t_(&t), layout_(std::move(layout)), opt_(opt), pool_(plan::plan_pool(layout_)),
-        grads_(pool_.total), ctx_(t), engine_(t) {
-    if constexpr (precision::narrow) wire_ = typename backend::template buffer<wire_t>(pool_.total);
+        grads_(pool_.total), kernels_(t), engine_(t) {
     ready_.assign(layout_.size(), 0);
-    set_fusion(opt_.threshold_bytes.value_or(Set::fusion::threshold_bytes),
-               opt_.first_bucket_bytes.value_or(Set::fusion::first_bucket_bytes), /*allow_zero=*/!opt_.threshold_bytes);
+    plan(opt_.threshold_bytes.value_or(Set::fusion::threshold_bytes),
+         opt_.first_bucket_bytes.value_or(Set::fusion::first_bucket_bytes), /*allow_zero=*/!opt_.threshold_bytes);
+    cx_ = context_t{t_, &engine_, &kernels_, &layout_, &pool_, &buckets_, grads_.data(), opt_.average, &iteration_, &threshold_};
+    sparsifier_.emplace(cx_);
   }
 
   basic_exchanger(const basic_exchanger&) = delete;
@@ -127,7 +131,7 @@ class basic_exchanger {
                                            std::to_string(layout_[i].numel) + ".",
                              "pass a span of exactly the tensor's element count.");
     if (ready_[i]) ready(i);  // reports the double ready before anything is overwritten
-    ctx_.copy(grads_.data() + pool_.offset[i], source.data(), source.size());
+    kernels_.copy(grads_.data() + pool_.offset[i], source.data(), source.size());
     ready(i);
   }
 
@@ -142,11 +146,12 @@ class basic_exchanger {
                                       std::to_string(first) + " ('" + layout_[first].name + "').",
                         "call ready(i) for every tensor of the layout before finish().");
     }
+    sparsifier_->end_iteration();
     exchange_status st;
     st.iteration = iteration_;
-    st.nonfinite = ctx_.take_nonfinite();
+    st.nonfinite = kernels_.take_nonfinite();
     st.collectives = buckets_.size();
-    st.wire_bytes = pool_.total * sizeof(wire_t);
+    st.wire_bytes = sparsifier_->wire_bytes();
     std::fill(ready_.begin(), ready_.end(), std::uint8_t{0});
     ready_count_ = 0;
     prefix_pos_ = 0;
@@ -157,7 +162,10 @@ class basic_exchanger {
 
   // ---- tuning and introspection ------------------------------------------------------------
   /// Re-plans the buckets (between iterations only; every rank must pass the same numbers).
-  void set_fusion(std::size_t threshold_bytes, std::size_t first_bucket_bytes = 0) { set_fusion(threshold_bytes, first_bucket_bytes, false); }
+  void set_fusion(std::size_t threshold_bytes, std::size_t first_bucket_bytes = 0) {
+    plan(threshold_bytes, first_bucket_bytes, false);
+    sparsifier_->replan();
+  }
 
   [[nodiscard]] const Layout& layout() const noexcept { return layout_; }
   [[nodiscard]] const plan::pool_plan& pool_plan() const noexcept { return pool_; }
@@ -165,9 +173,12 @@ class basic_exchanger {
   [[nodiscard]] std::size_t threshold_bytes() const noexcept { return threshold_; }
   [[nodiscard]] std::uint64_t iteration() const noexcept { return iteration_; }
   [[nodiscard]] T& transport() const noexcept { return *t_; }
+  /// The sparsifier's engine: residuals, selections (e.g. the chunks CSC exchanged this iteration).
+  [[nodiscard]] sparsifier_t& sparsifier() noexcept { return *sparsifier_; }
+  [[nodiscard]] const sparsifier_t& sparsifier() const noexcept { return *sparsifier_; }
 
  private:
-  void set_fusion(std::size_t threshold, std::size_t first, bool allow_zero) {
+  void plan(std::size_t threshold, std::size_t first, bool allow_zero) {
     if (ready_count_ != 0)
       throw usage_error("set_fusion", "called in the middle of iteration " + std::to_string(iteration_) + ".",
                         "change the fusion threshold between finish() and the next ready().");
@@ -192,40 +203,20 @@ class basic_exchanger {
     while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].end_pos <= prefix_pos_) launch(next_bucket_++);
   }
 
-  // Overlap<None>: the bucket is exchanged and finished here. On a host backend the collective
-  // is blocking; on a stream-ordered (CUDA) backend it is started and the cast-back kernels queue
-  // behind it on the same stream, so the host never waits inside ready().
-  template <class E>
-  void exchange(E* buf, std::size_t n) {
-    if constexpr (backend::stream_ordered) (void)engine_.start(buf, n);
-    else engine_.run(buf, n);
-  }
-
-  void launch(std::size_t b) {
-    const auto& bk = buckets_[b];
-    float* g = grads_.data() + bk.offset;
-    const float inv = opt_.average ? 1.0f / static_cast<float>(t_->size()) : 1.0f;
-    if constexpr (precision::narrow) {
-      wire_t* w = wire_.data() + bk.offset;
-      ctx_.scale_to_wire(g, w, bk.count, inv);  // divide before the cast: the sum cannot overflow where fp32's would not
-      exchange(w, bk.count);
-      ctx_.wire_to_float(w, g, bk.count);       // counts inf / NaN
-    } else {
-      exchange(g, bk.count);
-      if (opt_.average) ctx_.scale_in_place(g, bk.count, inv);  // counts inf / NaN
-      else ctx_.count_nonfinite(g, bk.count);
-    }
-  }
+  // Overlap<None>: the bucket is exchanged here, on the caller's thread (host backends
+  // complete it before returning; stream-ordered backends queue it on the transport's stream).
+  void launch(std::size_t b) { sparsifier_->exchange(b); }
 
   T* t_;
   Layout layout_;
   exchange_options opt_;
   plan::pool_plan pool_;
   typename backend::template buffer<float> grads_;
-  typename backend::template buffer<wire_t> wire_;
-  typename backend::context ctx_;
+  typename backend::context kernels_;
   engine_t engine_;
   std::vector<plan::bucket> buckets_;
+  context_t cx_{};
+  std::optional<sparsifier_t> sparsifier_;
   std::vector<std::uint8_t> ready_;
   std::size_t ready_count_ = 0;
   std::size_t prefix_pos_ = 0;

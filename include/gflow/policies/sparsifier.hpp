@@ -1,14 +1,47 @@
 #pragma once
-// Sparsifier<S>: what part of the pool is exchanged. Dense (the default) exchanges every
-// element. The sparse schemes (CSC, TopK, GTopK) are tracked in the issue tracker and will be
-// added here as further tags.
+// Sparsifier<S>: what part of the pool is exchanged, and what is kept back as residual.
+//
+// A scheme S provides an engine, built once per exchanger over its exchange context
+// (detail/exchange_context.hpp):
+//
+//   template <class Ctx> class engine {
+//     explicit engine(Ctx& cx);       // after planning; may allocate here
+//     void replan();                  // the buckets changed (Exchanger::set_fusion)
+//     void exchange(std::size_t b);   // bucket b's gradients are final: exchange them in place
+//     void end_iteration();           // after the last bucket (selection for the next iteration)
+//     std::size_t wire_bytes() const; // bytes this rank handed to collectives this iteration
+//   };
+//
+// exchange() runs in pool order, once per bucket per iteration, on every rank in the same order.
+// Dense (the default) allreduces every bucket. The sparse schemes (CSC, TopK, GTopK) are
+// tracked in the issue tracker.
 #include <concepts>
+#include <cstddef>
 
 #include "family.hpp"
 
 namespace gflow {
 
-struct Dense {};
+struct Dense {
+  template <class Ctx>
+  class engine {
+   public:
+    explicit engine(Ctx& cx) : cx_(&cx) { replan(); }
+    void replan() {
+      if constexpr (Ctx::narrow) wire_ = typename Ctx::backend::template buffer<typename Ctx::wire_type>(cx_->pool->total);
+    }
+    void exchange(std::size_t b) {
+      const auto& bk = (*cx_->buckets)[b];
+      cx_->dense_allreduce(cx_->grads + bk.offset, bk.count, wire_.data() + bk.offset);
+    }
+    void end_iteration() {}
+    [[nodiscard]] std::size_t wire_bytes() const { return cx_->pool->total * sizeof(typename Ctx::wire_type); }
+
+   private:
+    Ctx* cx_;
+    typename Ctx::backend::template buffer<typename Ctx::wire_type> wire_;
+  };
+};
 
 template <class S = Dense>
 struct Sparsifier {

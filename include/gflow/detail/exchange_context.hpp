@@ -1,0 +1,65 @@
+#pragma once
+// What a sparsifier engine works with: the transport, the topology engine, the kernel context of
+// the memory space, the plan, the pool, and the dense allreduce with the Precision policy's
+// handling (divide by P, cast, reduce, cast back, count inf/NaN), which every scheme uses for
+// whatever it exchanges densely (Dense: each bucket; CSC: the compacted chunks and the norms).
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../layout.hpp"
+#include "../plan/buckets.hpp"
+#include "../plan/pool.hpp"
+
+namespace gflow::detail {
+
+template <class T, class Backend, class W, class Topo>
+struct exchange_context {
+  using transport_type = T;
+  using backend = Backend;
+  using wire_type = W;
+  using topology_engine = Topo;
+  static constexpr bool narrow = sizeof(W) < sizeof(float);
+
+  T* transport;
+  Topo* topology;
+  typename Backend::context* kernels;
+  const Layout* layout;
+  const plan::pool_plan* pool;
+  const std::vector<plan::bucket>* buckets;
+  float* grads;  // the pool
+  bool average;
+  const std::uint64_t* iteration;        // the exchanger's iteration counter (warm-up schedules)
+  const std::size_t* threshold_bytes;    // 0: no fusion (one bucket per tensor)
+
+  [[nodiscard]] bool fused() const { return *threshold_bytes != 0; }
+
+  [[nodiscard]] int ranks() const { return transport->size(); }
+  [[nodiscard]] float mean_scale() const { return average ? 1.0f / static_cast<float>(transport->size()) : 1.0f; }
+
+  /// Sums g[0, n) over all ranks in place through the topology, in the wire precision, and
+  /// averages it when asked; `wire` is scratch for n wire elements (unused with an fp32 wire).
+  /// Host backends complete before returning; stream-ordered (CUDA) backends queue the work.
+  void dense_allreduce(float* g, std::size_t n, W* wire) {
+    const float inv = mean_scale();
+    if constexpr (narrow) {
+      kernels->scale_to_wire(g, wire, n, inv);  // divide before the cast: the sum cannot overflow where fp32's would not
+      run(wire, n);
+      kernels->wire_to_float(wire, g, n);       // counts inf / NaN
+    } else {
+      (void)wire;
+      run(g, n);
+      if (average) kernels->scale_in_place(g, n, inv);  // counts inf / NaN
+      else kernels->count_nonfinite(g, n);
+    }
+  }
+
+ private:
+  template <class E>
+  void run(E* buf, std::size_t n) {
+    if constexpr (Backend::stream_ordered) (void)topology->start(buf, n);
+    else topology->run(buf, n);
+  }
+};
+
+}  // namespace gflow::detail
