@@ -35,8 +35,12 @@ def sweep(rows, out):
     for r in rows:
         groups[(r["layout"], r["ranks"], r["wire"])].append(r)
     keys = sorted(groups)
-    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4.2), squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    ncols = 2 if len(keys) > 1 else 1
+    nrows = (len(keys) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols, 4.4 * nrows), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.set_visible(False)
+    for ax, key in zip(axes.flat, keys):
         rs = groups[key]
         for variant, style in (("gflow", "o-"), ("mpi_bucketed", "s--")):
             pts = sorted((r["threshold_bytes"], r["median_s"], r["p10_s"], r["p90_s"]) for r in rs if r["variant"] == variant)
@@ -54,7 +58,7 @@ def sweep(rows, out):
                     break
         ax.set_xscale("log", base=2)
         ax.set_xlabel("fusion threshold (bytes on the wire)")
-        ax.set_ylabel("exchange time per iteration (ms, median; bars p10-p90)")
+        ax.set_ylabel("ms per iteration (median, bars p10-p90)")
         ax.set_title(f"{key[0]}, {key[1]} ranks, {key[2]}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
