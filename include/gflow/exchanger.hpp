@@ -21,6 +21,7 @@
 
 #include "detail/exchange_context.hpp"
 #include "detail/host_backend.hpp"
+#include "detail/overlap.hpp"
 #include "detail/policy_set.hpp"
 #include "error.hpp"
 #include "layout.hpp"
@@ -81,6 +82,7 @@ class basic_exchanger {
   using engine_t = typename Set::topology::algorithm::template engine<T>;
   using context_t = detail::exchange_context<T, backend, wire_t, engine_t>;
   using sparsifier_t = typename Set::sparsifier::scheme::template engine<context_t>;
+  using runner_t = detail::runner_for<typename Set::overlap::strategy, context_t, sparsifier_t>;
 
  public:
   using transport_type = T;
@@ -95,6 +97,7 @@ class basic_exchanger {
          opt_.first_bucket_bytes.value_or(Set::fusion::first_bucket_bytes), /*allow_zero=*/!opt_.threshold_bytes);
     cx_ = context_t{t_, &engine_, &kernels_, &layout_, &pool_, &buckets_, grads_.data(), opt_.average, &iteration_, &threshold_};
     sparsifier_.emplace(cx_);
+    runner_.emplace(cx_, *sparsifier_);
   }
 
   basic_exchanger(const basic_exchanger&) = delete;
@@ -146,17 +149,19 @@ class basic_exchanger {
                                       std::to_string(first) + " ('" + layout_[first].name + "').",
                         "call ready(i) for every tensor of the layout before finish().");
     }
+    try {
+      runner_->drain();  // every bucket exchanged (issuing threads), or their first error
+    } catch (...) {
+      reset_iteration();
+      throw;
+    }
     sparsifier_->end_iteration();
     exchange_status st;
     st.iteration = iteration_;
-    st.nonfinite = kernels_.take_nonfinite();
+    st.nonfinite = kernels_.take_nonfinite() + runner_->take_nonfinite();
     st.collectives = buckets_.size();
     st.wire_bytes = sparsifier_->wire_bytes();
-    std::fill(ready_.begin(), ready_.end(), std::uint8_t{0});
-    ready_count_ = 0;
-    prefix_pos_ = 0;
-    next_bucket_ = 0;
-    ++iteration_;
+    reset_iteration();
     return st;
   }
 
@@ -165,6 +170,7 @@ class basic_exchanger {
   void set_fusion(std::size_t threshold_bytes, std::size_t first_bucket_bytes = 0) {
     plan(threshold_bytes, first_bucket_bytes, false);
     sparsifier_->replan();
+    runner_->replan();
   }
 
   [[nodiscard]] const Layout& layout() const noexcept { return layout_; }
@@ -203,9 +209,17 @@ class basic_exchanger {
     while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].end_pos <= prefix_pos_) launch(next_bucket_++);
   }
 
-  // Overlap<None>: the bucket is exchanged here, on the caller's thread (host backends
-  // complete it before returning; stream-ordered backends queue it on the transport's stream).
-  void launch(std::size_t b) { sparsifier_->exchange(b); }
+  // Hands bucket b to the Overlap policy's runner: exchanged here (None), or posted to the
+  // issuing thread(s). Stream-ordered backends queue it on the transport's stream.
+  void launch(std::size_t b) { runner_->post(b); }
+
+  void reset_iteration() {
+    std::fill(ready_.begin(), ready_.end(), std::uint8_t{0});
+    ready_count_ = 0;
+    prefix_pos_ = 0;
+    next_bucket_ = 0;
+    ++iteration_;
+  }
 
   T* t_;
   Layout layout_;
@@ -217,6 +231,7 @@ class basic_exchanger {
   std::vector<plan::bucket> buckets_;
   context_t cx_{};
   std::optional<sparsifier_t> sparsifier_;
+  std::optional<runner_t> runner_;  // last: its issuing threads stop before anything they use goes
   std::vector<std::uint8_t> ready_;
   std::size_t ready_count_ = 0;
   std::size_t prefix_pos_ = 0;

@@ -37,6 +37,31 @@ struct exchange_context {
   [[nodiscard]] int ranks() const { return transport->size(); }
   [[nodiscard]] float mean_scale() const { return average ? 1.0f / static_cast<float>(transport->size()) : 1.0f; }
 
+  using request = typename Topo::request;
+
+  /// dense_allreduce in two phases, for Overlap<Chained>: start() casts and starts the
+  /// non-blocking collective; complete() waits for it, casts back and averages.
+  request dense_start(float* g, std::size_t n, W* wire) {
+    if constexpr (narrow) {
+      kernels->scale_to_wire(g, wire, n, mean_scale());
+      return topology->start(wire, n);
+    } else {
+      (void)wire;
+      return topology->start(g, n);
+    }
+  }
+  void dense_complete(float* g, std::size_t n, W* wire, request& r) {
+    if constexpr (!Backend::stream_ordered) topology->wait(r);
+    else (void)r;
+    if constexpr (narrow) {
+      kernels->wire_to_float(wire, g, n);
+    } else {
+      (void)wire;
+      if (average) kernels->scale_in_place(g, n, mean_scale());
+      else kernels->count_nonfinite(g, n);
+    }
+  }
+
   /// Sums g[0, n) over all ranks in place through the topology, in the wire precision, and
   /// averages it when asked; `wire` is scratch for n wire elements (unused with an fp32 wire).
   /// Host backends complete before returning; stream-ordered (CUDA) backends queue the work.

@@ -1,11 +1,31 @@
 #pragma once
-// Overlap<S>: who issues collectives and when. None (the default): no communication runs
-// concurrently with the caller. A bucket is exchanged with the transport's blocking collective
-// inside the ready() call that completes it, on the caller's thread; finish() only checks that
-// the iteration is complete and reports its status. (Measured: on MPI without a progress
-// thread, starting every bucket with MPI_Iallreduce and waiting at finish() was 1.9x slower
-// than blocking MPI_Allreduce per bucket on resnet50 - nothing progresses them in between.)
-// Funneled / Concurrent<N> / Chained (paper 002) are tracked in the issue tracker.
+// Overlap<S>: who issues the collectives and when (paper 000 section 2.6; paper 002's designs).
+// Whatever the strategy, every rank issues the same collectives in the same order on each
+// communicator, decided by the bucket plan, whatever order ready() is called in.
+//
+//   None          no communication runs concurrently with the caller: a bucket is exchanged with
+//                 the transport's blocking collective inside the ready() call that completes it.
+//                 (Measured: on MPI, starting every bucket with MPI_Iallreduce and waiting at
+//                 finish() was 1.9x slower than blocking MPI_Allreduce per bucket on resnet50 -
+//                 nothing progresses them in between. See docs/BENCHMARKS.md.)
+//   Funneled      paper 002's funneled design: one issuing thread per exchanger performs every
+//                 collective, in pool order; ready() only posts the bucket and returns.
+//   Concurrent<N> paper 002's concurrent communicators: N issuing threads, each with its own
+//                 communicator split from the transport once, at construction; bucket b always goes
+//                 to communicator b mod N, so at most N collectives are outstanding and each
+//                 communicator sees the same order on every rank.
+//   Chained       paper 002's dependency chaining: one issuing thread starts each bucket's
+//                 non-blocking collective as soon as it is ready, and completes them in order, so
+//                 later buckets start before earlier ones end. Needs a sparsifier whose exchange
+//                 splits into phases (Dense).
+//
+// With a host-memory transport the issuing threads call the transport while the trainer's own
+// thread computes: for MPI, initialise with MPI_THREAD_MULTIPLE (gflow::mpi::environment does)
+// unless the trainer makes no MPI call of its own between ready() and finish() (then SERIALIZED
+// suffices). An error on an issuing thread is rethrown by finish(), never lost, never a hang of
+// this rank (peers blocked in a collective are the transport's timeout's business).
+// On a stream-ordered (CUDA) backend all strategies enqueue on the transport's stream from the
+// caller's thread: the stream is already the concurrent issuer.
 #include <concepts>
 
 #include "family.hpp"
@@ -13,6 +33,13 @@
 namespace gflow {
 
 struct None {};
+struct Funneled {};
+template <int N>
+struct Concurrent {
+  static_assert(N >= 1, "gflow::Concurrent<N>: N is the number of communicators and must be at least 1.");
+  static constexpr int communicators = N;
+};
+struct Chained {};
 
 template <class S = None>
 struct Overlap {
@@ -24,5 +51,8 @@ template <class P>
 concept overlap_policy = std::same_as<typename P::gflow_family, overlap_family> && requires { typename P::strategy; };
 
 static_assert(overlap_policy<Overlap<>>);
+static_assert(overlap_policy<Overlap<Funneled>>);
+static_assert(overlap_policy<Overlap<Concurrent<2>>>);
+static_assert(overlap_policy<Overlap<Chained>>);
 
 }  // namespace gflow

@@ -12,7 +12,10 @@
 //     std::size_t wire_bytes() const; // bytes this rank handed to collectives this iteration
 //   };
 //
-// exchange() runs in pool order, once per bucket per iteration, on every rank in the same order.
+// exchange() runs in pool order, once per bucket per iteration, on every rank in the same order,
+// on the caller's thread or on the Overlap policy's issuing thread. An engine that can split a
+// bucket's exchange into phases (needed by Overlap<Chained>) also has
+//     static constexpr bool phased = true;  request start(b);  void complete(b, request&);
 // Dense (the default) allreduces every bucket. The sparse schemes (CSC, TopK, GTopK) are
 // tracked in the issue tracker.
 #include <concepts>
@@ -33,6 +36,19 @@ struct Dense {
     void exchange(std::size_t b) {
       const auto& bk = (*cx_->buckets)[b];
       cx_->dense_allreduce(cx_->grads + bk.offset, bk.count, wire_.data() + bk.offset);
+    }
+    // Phases, for Overlap<Chained>: start bucket b's collective, complete it later.
+    static constexpr bool phased = true;
+    // No state crosses buckets: Overlap<Concurrent<N>> may give buckets to N engines.
+    static constexpr bool independent_buckets = true;
+    using request = typename Ctx::request;
+    request start(std::size_t b) {
+      const auto& bk = (*cx_->buckets)[b];
+      return cx_->dense_start(cx_->grads + bk.offset, bk.count, wire_.data() + bk.offset);
+    }
+    void complete(std::size_t b, request& r) {
+      const auto& bk = (*cx_->buckets)[b];
+      cx_->dense_complete(cx_->grads + bk.offset, bk.count, wire_.data() + bk.offset, r);
     }
     void end_iteration() {}
     [[nodiscard]] std::size_t wire_bytes() const { return cx_->pool->total * sizeof(typename Ctx::wire_type); }

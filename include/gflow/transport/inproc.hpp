@@ -82,6 +82,8 @@ struct slot {
   std::vector<char> present;
   int arrived = 0;
   int waited = 0;
+  bool executing = false;             // the last rank to arrive is running exec (buffers in use)
+  bool abandoned = false;             // a rank timed out and left: never execute (its buffer may be gone)
   bool done = false;
   std::string error;                  // set when ranks disagree
   void (*exec)(slot&, group&) = nullptr;
@@ -289,6 +291,7 @@ class transport {
   request post(detail::signature sig, void* buf, const void* cbuf, void (*exec)(detail::slot&, detail::group&)) {
     const std::uint64_t seq = next_seq_++;
     bool run = false;
+    bool failed_now = false;
     detail::slot* s = nullptr;
     {
       std::lock_guard lk(g_->m);
@@ -308,7 +311,14 @@ class transport {
       s->cptr[rank_] = cbuf;
       s->present[rank_] = 1;
       run = (++s->arrived == g_->size);
+      if (run && s->abandoned) {  // a rank already gave up on this collective: fail it for everyone
+        s->done = true;
+        run = false;
+        failed_now = true;
+      }
+      if (run) s->executing = true;
     }
+    if (failed_now) g_->cv.notify_all();
     if (run) {
       if (s->error.empty()) s->exec(*s, *g_);
       {
@@ -329,22 +339,35 @@ class transport {
     if (it == g_->slots.end()) throw usage_error("wait", "the request was already completed.", "wait on each request once.");
     detail::slot& s = it->second;
     const auto deadline = std::chrono::steady_clock::now() + g_->timeout;
-    if (!g_->cv.wait_until(lk, deadline, [&] { return s.done; })) {
+    if (!g_->cv.wait_until(lk, deadline, [&] { return s.done; }) && s.executing) {
+      g_->cv.wait(lk, [&] { return s.done; });  // everyone arrived and it is running: it will end
+    }
+    if (!s.done) {
+      // Give up, and make sure nobody ever runs this collective on our (soon gone) buffer.
+      s.abandoned = true;
+      if (s.error.empty()) s.error = "rank " + std::to_string(rank_) + " gave up on collective #" + std::to_string(r.seq) + " after a timeout";
       std::string missing;
       for (int q = 0; q < g_->size; ++q)
         if (!s.present[q]) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
-      throw timeout_error(detail::name(s.sig.k),
-                          "rank " + std::to_string(rank_) + " of group '" + g_->label + "' waited " + std::to_string(g_->timeout.count()) +
-                              " ms for collective #" + std::to_string(r.seq) + " " + s.sig.str() + "; rank(s) " + missing + " did not arrive.",
-                          "make every rank issue the same collectives in the same order, or raise the timeout.");
+      const char* op = detail::name(s.sig.k);
+      const std::string what = "rank " + std::to_string(rank_) + " of group '" + g_->label + "' waited " + std::to_string(g_->timeout.count()) +
+                               " ms for collective #" + std::to_string(r.seq) + " " + s.sig.str() + "; rank(s) " + missing + " did not arrive.";
+      if (++s.waited == g_->size) g_->slots.erase(it);
+      throw timeout_error(op, what, "make every rank issue the same collectives in the same order, or raise the timeout.");
     }
-    std::string err = s.error;
+    // copy what the error needs: the last waiter erases the slot
+    const std::string err = s.error;
+    const bool abandoned = s.abandoned;
+    const char* op = detail::name(s.sig.k);
     std::string detail_msg;
     if (!err.empty())
       for (int q = 0; q < g_->size; ++q) detail_msg += " rank " + std::to_string(q) + ": " + s.sigs[q].str() + ";";
     if (++s.waited == g_->size) g_->slots.erase(it);
+    if (abandoned)
+      throw timeout_error(op, err + " in group '" + g_->label + "'; this collective was not executed.",
+                          "make every rank issue the same collectives in the same order, or raise the timeout.");
     if (!err.empty())
-      throw mismatch_error(detail::name(s.sig.k), err + " in group '" + g_->label + "':" + detail_msg,
+      throw mismatch_error(op, err + " in group '" + g_->label + "':" + detail_msg,
                            "make every rank describe the same layout and policies and issue the same collectives.");
   }
 

@@ -1,0 +1,159 @@
+#include <doctest/doctest.h>
+
+#include <gflow/exchanger.hpp>
+#include <gflow/transport/inproc.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <latch>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+using namespace gflow;
+
+namespace {
+template <class E>
+using on_inproc = typename E::template on<inproc::transport>;
+
+float value(int rank, std::size_t i, std::size_t j, int it) {
+  return static_cast<float>((rank * 131 + static_cast<int>(i) * 17 + static_cast<int>(j % 97) * 3 + it * 7) % 41) * 0.25f - 5.0f;
+}
+
+// Runs `iters` iterations of E on P in-process ranks; each rank calls ready() in its own random
+// order with random short pauses (seeded). Returns rank 0's pool after every iteration, and
+// checks all ranks are bitwise identical.
+template <class E>
+std::vector<std::vector<float>> run(int P, const Layout& l, unsigned seed, int iters = 3, bool pauses = true) {
+  std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(P));
+  inproc::run(P, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, l);
+    std::mt19937 rng(seed * 1000 + static_cast<unsigned>(t.rank()));
+    for (int it = 0; it < iters; ++it) {
+      std::vector<std::size_t> order(l.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      for (auto i : order) {
+        auto v = ex.view(i);
+        for (std::size_t j = 0; j < v.size(); ++j) v[j] = value(t.rank(), i, j, it);
+        if (pauses && rng() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+        ex.ready(i);
+      }
+      auto st = ex.finish();
+      CHECK(st.finite());
+      out[static_cast<std::size_t>(t.rank())].emplace_back(ex.pool_data(), ex.pool_data() + ex.pool_size());
+    }
+  });
+  for (int r = 1; r < P; ++r)
+    for (int it = 0; it < iters; ++it)
+      CHECK(out[static_cast<std::size_t>(r)][static_cast<std::size_t>(it)] == out[0][static_cast<std::size_t>(it)]);
+  return out[0];
+}
+
+const Layout& layout() {
+  static const Layout l = Layout::from_sizes({300, 7, 1024, 64, 1, 513, 2048, 5, 90});
+  return l;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("every overlap strategy gives the None result bit for bit, whatever the ready() order", S, None, Funneled,
+                   Concurrent<1>, Concurrent<2>, Concurrent<3>, Chained) {
+  using Ref = Exchanger<Fusion<2048>>;
+  using E = Exchanger<Fusion<2048>, Overlap<S>>;
+  using Ref16 = Exchanger<Fusion<1024>, Precision<wire::fp16>>;
+  using E16 = Exchanger<Fusion<1024>, Precision<wire::fp16>, Overlap<S>>;
+  for (int P : {1, 2, 3, 5}) {
+    for (unsigned seed = 0; seed < 6; ++seed) {
+      CAPTURE(P);
+      CAPTURE(seed);
+      CHECK(run<E>(P, layout(), seed) == run<Ref>(P, layout(), seed, 3, false));
+      CHECK(run<E16>(P, layout(), seed) == run<Ref16>(P, layout(), seed, 3, false));
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("with an issuing thread, ready() does not wait for the other ranks", S, Funneled, Concurrent<2>, Chained) {
+  // Rank 1 starts only after rank 0 has made every ready() call. If ready() waited for a
+  // collective, rank 0 could never get there: the transport would time out instead.
+  using E = Exchanger<Fusion<1024>, Overlap<S>>;
+  std::latch rank0_posted_everything(1);
+  inproc::run(
+      2,
+      [&](inproc::transport& t) {
+        on_inproc<E> ex(t, layout());
+        if (t.rank() == 1) rank0_posted_everything.wait();
+        for (std::size_t i = layout().size(); i-- > 0;) {
+          std::fill(ex.view(i).begin(), ex.view(i).end(), float(t.rank() + 1));
+          ex.ready(i);
+        }
+        if (t.rank() == 0) rank0_posted_everything.count_down();
+        auto st = ex.finish();
+        CHECK(st.finite());
+        CHECK(ex.view(0)[0] == 1.5f);
+        CHECK(ex.view(8)[89] == 1.5f);
+      },
+      std::chrono::seconds(20));
+}
+
+TEST_CASE("Overlap<None> does wait in ready(): the same schedule times out") {
+  using E = Exchanger<Fusion<1024>>;
+  std::latch rank0_posted_everything(1);
+  std::atomic<int> timeouts{0};
+  inproc::run(
+      2,
+      [&](inproc::transport& t) {
+        on_inproc<E> ex(t, layout());
+        try {
+          if (t.rank() == 1) rank0_posted_everything.wait();
+          for (std::size_t i = layout().size(); i-- > 0;) ex.ready(i);
+        } catch (const gflow::timeout_error&) {
+          ++timeouts;
+        }
+        if (t.rank() == 0) rank0_posted_everything.count_down();
+      },
+      std::chrono::milliseconds(300));
+  CHECK(timeouts >= 1);
+}
+
+TEST_CASE_TEMPLATE("an error on an issuing thread surfaces at finish(), never a hang", S, Funneled, Concurrent<2>, Chained) {
+  using E = Exchanger<Fusion<1024>, Overlap<S>>;
+  std::atomic<int> reported{0};
+  inproc::run(
+      3,
+      [&](inproc::transport& t) {
+        on_inproc<E> ex(t, layout());
+        // rank 2 never marks tensor 0 ready: its last bucket is never issued, the others time out
+        for (std::size_t i = layout().size(); i-- > 0;)
+          if (!(t.rank() == 2 && i == 0)) ex.ready(i);
+        try {
+          (void)ex.finish();
+        } catch (const gflow::timeout_error& e) {
+          ++reported;
+          CHECK(std::string(e.what()).find("did not arrive") != std::string::npos);
+        } catch (const gflow::usage_error& e) {
+          CHECK(t.rank() == 2);  // its own finish() reports the missing tensor
+          ++reported;
+        }
+      },
+      std::chrono::milliseconds(500));
+  CHECK(reported == 3);
+}
+
+TEST_CASE("issuing threads survive many iterations and set_fusion between them") {
+  using E = Exchanger<Fusion<4096>, Overlap<Chained>>;
+  inproc::run(4, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, layout());
+    for (int it = 0; it < 20; ++it) {
+      if (it == 10) ex.set_fusion(256);
+      for (std::size_t i = 0; i < layout().size(); ++i) {
+        std::fill(ex.view(i).begin(), ex.view(i).end(), float(t.rank()));
+        ex.ready(i);
+      }
+      CHECK(ex.finish().finite());
+      CHECK(ex.view(3)[63] == 1.5f);
+    }
+  });
+}
