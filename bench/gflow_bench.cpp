@@ -23,6 +23,8 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
+#include <chrono>
 #include <vector>
 
 namespace {
@@ -34,14 +36,15 @@ struct options {
   std::size_t threshold = 4u << 20;
   bool quick = false;
   bool sweep = false;
+  double compute_ratio = 1.5;  // overlap: simulated backward time / measured exchange time
   int iters = 0, warmup = 0;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "gflow_bench: %s\n"
-               "usage: bench/run exchange [--ranks N] [--layout NAME|PATH] [--threshold BYTES] [--wire fp32|fp16|bf16]\n"
-               "                          [--quick] [--sweep] [--iters N] [--warmup N]\n",
+               "usage: bench/run exchange|overlap [--ranks N] [--layout NAME|PATH] [--threshold BYTES] [--wire fp32|fp16|bf16]\n"
+               "                          [--quick] [--sweep] [--iters N] [--warmup N] [--compute-ratio R]\n",
                why.c_str());
   MPI_Abort(MPI_COMM_WORLD, 2);
   std::exit(2);
@@ -75,12 +78,14 @@ options parse(int argc, char** argv) {
     else if (a == "--threshold") o.threshold = parse_bytes(next());
     else if (a == "--quick") o.quick = true;
     else if (a == "--sweep") o.sweep = true;
+    else if (a == "--compute-ratio") o.compute_ratio = std::stod(next());
     else if (a == "--iters") o.iters = std::stoi(next());
     else if (a == "--warmup") o.warmup = std::stoi(next());
     else if (a == "--ranks") (void)next();  // consumed by bench/run
     else usage("unknown option '" + a + "'");
   }
-  if (o.suite != "exchange") usage("unknown suite '" + o.suite + "' (available: exchange)");
+  if (o.suite != "exchange" && o.suite != "overlap") usage("unknown suite '" + o.suite + "' (available: exchange, overlap)");
+  if (!(o.compute_ratio >= 0)) usage("--compute-ratio must be >= 0");
   if (o.wire != "fp32" && o.wire != "fp16" && o.wire != "bf16") usage("--wire must be fp32, fp16 or bf16");
   if (o.iters == 0) o.iters = o.quick ? 7 : 15;
   if (o.warmup == 0) o.warmup = o.quick ? 1 : 3;
@@ -272,10 +277,107 @@ std::vector<variant_result> run_wire(const options& o, const gflow::Layout& l, s
   return run_exchange<gflow::wire::fp32>(o, l, threshold, with_fixed);
 }
 
+// ---- suite overlap -------------------------------------------------------------------------------
+// A simulated backward: tensor k's gradient takes time proportional to its size, spent sleeping
+// (the model of a backward pass running on an accelerator while the host communicates; spinning
+// would fight the communication for this machine's 2 cores), then ready(k). Short waits are
+// batched (a sleep is only taken once 200 us are owed) so the per-call overhead of sleeping does
+// not inflate the small tensors.
+struct overlap_result {
+  std::string name;
+  stats iteration, exchange, compute;
+};
+
+template <class E>
+overlap_result run_overlap_variant(const char* name, const options& o, const gflow::Layout& l, double per_elem_s) {
+  int P = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  gflow::mpi::transport tr(MPI_COMM_WORLD);
+  gflow::exchange_options eo;
+  eo.threshold_bytes = o.threshold;
+  typename E::template on<gflow::mpi::transport> ex(tr, l, eo);
+  const std::size_t total = l.total_numel();
+  std::vector<float> fresh(total, 0.5f);
+  std::vector<double> it_t, ex_t, co_t;
+  for (int it = 0; it < o.warmup + o.iters; ++it) {
+    // exchange alone: every gradient ready at once
+    std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float));
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    for (std::size_t k = l.size(); k-- > 0;) ex.ready(k);
+    (void)ex.finish();
+    double dx = MPI_Wtime() - t0;
+    // backward with the exchange overlapped
+    std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float));
+    MPI_Barrier(MPI_COMM_WORLD);
+    t0 = MPI_Wtime();
+    double owed = 0, slept = 0;
+    for (std::size_t k = l.size(); k-- > 0;) {
+      owed += per_elem_s * static_cast<double>(l[k].numel);
+      if (owed >= 200e-6 || k == 0) {
+        const double s0 = MPI_Wtime();
+        std::this_thread::sleep_for(std::chrono::duration<double>(owed));
+        const double took = MPI_Wtime() - s0;
+        slept += took;
+        owed -= took;
+      }
+      ex.ready(k);
+    }
+    (void)ex.finish();
+    double di = MPI_Wtime() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &dx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &di, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &slept, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (it >= o.warmup) {
+      ex_t.push_back(dx);
+      it_t.push_back(di);
+      co_t.push_back(slept);
+    }
+  }
+  return {name, summarize(it_t), summarize(ex_t), summarize(co_t)};
+}
+
+template <class W>
+void run_overlap_suite(const options& o, const gflow::Layout& l, const std::string& layout_name) {
+  int rank = 0, P = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  using gflow::Overlap;
+  using Fu = gflow::Fusion<(4u << 20)>;
+  using Pr = gflow::Precision<W>;
+  // calibrate: the exchange alone (no overlap), then backward time = ratio x that
+  options cal = o;
+  cal.warmup = 1;
+  cal.iters = 7;
+  const auto base = run_overlap_variant<gflow::Exchanger<Pr, Fu>>("calibration", cal, l, 0.0);
+  const double per_elem = o.compute_ratio * base.exchange.median / static_cast<double>(l.total_numel());
+  std::vector<overlap_result> rs;
+  rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::None>>>("None", o, l, per_elem));
+  rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Funneled>>>("Funneled", o, l, per_elem));
+  rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Concurrent<2>>>>("Concurrent<2>", o, l, per_elem));
+  rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Chained>>>("Chained", o, l, per_elem));
+  if (rank != 0) return;
+  std::fprintf(stderr, "%-14s %12s %12s %12s %9s\n", "strategy", "iteration_ms", "compute_ms", "exchange_ms", "hidden");
+  for (auto& r : rs) {
+    const double hidden = (r.compute.median + r.exchange.median - r.iteration.median) / r.exchange.median;
+    std::fprintf(stderr, "%-14s %12.2f %12.2f %12.2f %8.0f%%\n", r.name.c_str(), r.iteration.median * 1e3, r.compute.median * 1e3,
+                 r.exchange.median * 1e3, hidden * 100);
+    std::printf(
+        "{\"suite\":\"overlap\",\"layout\":\"%s\",\"ranks\":%d,\"variant\":\"%s\",\"wire\":\"%s\",\"threshold_bytes\":%zu,"
+        "\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"bytes_per_rank\":%zu,\"iteration_s\":%.9g,\"compute_s\":%.9g,"
+        "\"exchange_s\":%.9g,\"hidden_fraction\":%.4f,\"compute_ratio\":%.3f,\"iterations\":%d}\n",
+        layout_name.c_str(), P, r.name.c_str(), o.wire.c_str(), o.threshold, r.iteration.median, r.iteration.p10, r.iteration.p90,
+        l.total_numel() * sizeof(typename W::type), r.iteration.median, r.compute.median, r.exchange.median, hidden, o.compute_ratio,
+        o.iters);
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);  // overlap suite: issuing threads
   int rank = 0, P = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &P);
@@ -294,6 +396,21 @@ int main(int argc, char** argv) {
   const std::size_t wbytes = o.wire == "fp32" ? 4 : 2;
   const std::size_t payload = l.total_numel() * wbytes;
 
+  if (o.suite == "overlap") {
+    if (provided < MPI_THREAD_MULTIPLE) {
+      if (rank == 0) std::fprintf(stderr, "gflow_bench: the overlap suite needs MPI_THREAD_MULTIPLE (got %d)\n", provided);
+      MPI_Finalize();
+      return 2;
+    }
+    if (rank == 0)
+      std::fprintf(stderr, "gflow bench: suite overlap, layout %s, %d ranks, wire %s, threshold %zu B, compute = %.2f x exchange, %d+%d iterations\n",
+                   layout_name.c_str(), P, o.wire.c_str(), o.threshold, o.compute_ratio, o.warmup, o.iters);
+    if (o.wire == "fp16") run_overlap_suite<gflow::wire::fp16>(o, l, layout_name);
+    else if (o.wire == "bf16") run_overlap_suite<gflow::wire::bf16>(o, l, layout_name);
+    else run_overlap_suite<gflow::wire::fp32>(o, l, layout_name);
+    MPI_Finalize();
+    return 0;
+  }
   std::vector<std::size_t> thresholds{o.threshold};
   if (o.sweep) {
     thresholds.clear();
