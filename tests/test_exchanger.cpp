@@ -15,10 +15,12 @@
 #include <vector>
 
 // ---- allocation counter: the hot path (ready/finish) must not allocate ------------------------
-namespace {
+namespace gflow_test {  // also read by test_topk.cpp's allocation checks
 std::atomic<bool> g_counting{false};
 std::atomic<long> g_allocs{0};
-}  // namespace
+}  // namespace gflow_test
+using gflow_test::g_allocs;
+using gflow_test::g_counting;
 // GCC 12 flags free() inside a replaced operator delete as mismatched; the pair is consistent.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"

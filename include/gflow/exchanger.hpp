@@ -134,6 +134,7 @@ class basic_exchanger {
                                            std::to_string(layout_[i].numel) + ".",
                              "pass a span of exactly the tensor's element count.");
     if (ready_[i]) ready(i);  // reports the double ready before anything is overwritten
+    kernels_.order_after_producer();  // device: the copy waits for the producer stream
     kernels_.copy(grads_.data() + pool_.offset[i], source.data(), source.size());
     ready(i);
   }
@@ -179,6 +180,13 @@ class basic_exchanger {
   [[nodiscard]] std::size_t threshold_bytes() const noexcept { return threshold_; }
   [[nodiscard]] std::uint64_t iteration() const noexcept { return iteration_; }
   [[nodiscard]] T& transport() const noexcept { return *t_; }
+  /// Device transports: the stream the backward pass writes gradients on. Each bucket's work is
+  /// then ordered after it by an event, with no host synchronisation in ready().
+  template <class Stream>
+    requires requires(typename backend::context& k, Stream s) { k.set_producer(s); }
+  void set_producer_stream(Stream s) {
+    kernels_.set_producer(s);
+  }
   /// The sparsifier's engine: residuals, selections (e.g. the chunks CSC exchanged this iteration).
   [[nodiscard]] sparsifier_t& sparsifier() noexcept { return *sparsifier_; }
   [[nodiscard]] const sparsifier_t& sparsifier() const noexcept { return *sparsifier_; }
@@ -211,7 +219,10 @@ class basic_exchanger {
 
   // Hands bucket b to the Overlap policy's runner: exchanged here (None), or posted to the
   // issuing thread(s). Stream-ordered backends queue it on the transport's stream.
-  void launch(std::size_t b) { runner_->post(b); }
+  void launch(std::size_t b) {
+    kernels_.order_after_producer();
+    runner_->post(b);
+  }
 
   void reset_iteration() {
     std::fill(ready_.begin(), ready_.end(), std::uint8_t{0});

@@ -28,6 +28,7 @@
 #include <concepts>
 #include <cstddef>
 #include <memory>
+#include <type_traits>
 #include <string>
 #include <utility>
 
@@ -132,12 +133,39 @@ struct device_backend {
     [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
     [[nodiscard]] int device() const noexcept { return device_; }
 
+    /// The stream the trainer's backward produces gradients on. Once set, every bucket's work on
+    /// the transport's stream is ordered after everything enqueued on the producer so far, by an
+    /// event: no host synchronisation in ready().
+    void set_producer(cudaStream_t producer) {
+      cuda::device_guard g(device_);
+      if (!producer_event_) {
+        cudaEvent_t e = nullptr;
+        cuda::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags for the producer event");
+        producer_event_.reset(e);
+      }
+      producer_ = producer;
+      has_producer_ = true;
+    }
+    /// Called by the exchanger right before a bucket's work is enqueued.
+    void order_after_producer() {
+      if (!has_producer_ || producer_ == stream_) return;
+      cuda::device_guard g(device_);
+      cuda::check_cuda(cudaEventRecord(producer_event_.get(), producer_), "cudaEventRecord on the producer stream");
+      cuda::check_cuda(cudaStreamWaitEvent(stream_, producer_event_.get(), 0), "cudaStreamWaitEvent of the exchange stream");
+    }
+
    private:
     struct host_free {
       void operator()(void* p) const noexcept { (void)cudaFreeHost(p); }
     };
+    struct event_destroy {
+      void operator()(cudaEvent_t e) const noexcept { (void)cudaEventDestroy(e); }
+    };
     cudaStream_t stream_;
     int device_ = 0;
+    cudaStream_t producer_ = nullptr;
+    bool has_producer_ = false;
+    std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, event_destroy> producer_event_;
     std::unique_ptr<unsigned long long, cuda_free> counter_;
     std::unique_ptr<unsigned long long, host_free> host_;
   };

@@ -12,6 +12,8 @@
 //     count_nonfinite(buf, n)        counts non-finite results
 //     copy(dst, src, n)              src lives in the same memory space
 //     take_nonfinite()               the count since the last call (device: synchronises)
+//     order_after_producer()         before a bucket's work: device contexts make their stream
+//                                    wait for the trainer's producer stream (set_producer)
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -66,6 +68,7 @@ struct host_backend {
     void count_nonfinite(const float* buf, std::size_t n) { bad_ += kernels::count_nonfinite(buf, n); }
     void copy(float* dst, const float* src, std::size_t n) { if (n && dst != src) std::memmove(dst, src, n * sizeof(float)); }
     std::size_t take_nonfinite() { const std::size_t b = bad_; bad_ = 0; return b; }
+    void order_after_producer() {}  // host gradients are complete when ready() is called
 
    private:
     std::size_t bad_ = 0;

@@ -72,3 +72,4 @@ concept sparsifier_policy = std::same_as<typename P::gflow_family, sparsifier_fa
 static_assert(sparsifier_policy<Sparsifier<>>);
 
 }  // namespace gflow
+#include "topk.hpp"  // Sparsifier<TopK<density>>, Sparsifier<GTopK<density>>

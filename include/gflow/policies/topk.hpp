@@ -1,0 +1,489 @@
+#pragma once
+// Sparsifier<TopK<density>> and Sparsifier<GTopK<density>>: Top-k sparsification with
+// residuals (paper 003 Algorithm 1) and global Top-k by a tree of pairwise merges
+// (paper 003 Algorithms 3 and 4), for any number of ranks.
+//
+//   using Exchange = gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.001>>, gflow::Fusion<4 << 20>>;
+//   Exchange::on<gflow::mpi::transport> ex(comm, layout);
+//   ex.sparsifier().set_schedule(gflow::plan::density_schedule::paper003(iterations_per_epoch));
+//
+// The density is a C++20 floating-point template argument (g++ 12 and nvcc 13 accept it); it
+// must lie in (0, 1] (static_assert). It is the final density of the default schedule; the
+// schedule is settable at run time (set_density, set_schedule; plan/density.hpp), validated.
+//
+// What one selection does, on a unit of n pool elements — each fused bucket when Fusion is
+// present, else the whole pool once its last bucket is ready:
+//   1. G = residual + g (as each bucket arrives).
+//   2. k = ceil(density * n) (plan::k_for); exact top-k of |G|, ties to the lower index
+//      (kernels/topk.hpp). Values travel in the Precision policy's wire type: with a 16-bit wire
+//      and averaging they are divided by P before the cast (as the dense path does), and the
+//      rounding error stays in the residual. Indices are pool positions, u32 when the pool has
+//      at most 2^32 elements, else u64 (set_index_bytes overrides, validated).
+//   3. residual = G minus what was sent.
+//   TopK : ONE all_gather of a packed message (header + k indices + k values, as bytes) per rank;
+//          every rank validates all P messages, zeroes the unit and adds them in rank order 0..P-1
+//          (bitwise identical everywhere), then averages (fp32: multiply by 1/P, as Dense does).
+//   GTopK: ceil(log2 P) rounds of send/recv of one fixed-size message (plan/tree.hpp: in round j
+//          rank r receives from r + 2^j when r % 2^(j+1) == 0 and that rank exists; the sender is
+//          idle afterwards); the receiver merges (add equal indices, keep the k largest |sum| of
+//          at most 2k, kernels::merge_topk) into its list; then rank 0 broadcasts the global list,
+//          which every rank validates and writes (divided by P when averaging) into the zeroed
+//          unit. Residuals, so that nothing is lost (shared DESIGN "Nothing is lost"):
+//            - Algorithm 4 line 10: a rank's selected values whose index is not in the global
+//              list go back into its residual;
+//            - a merge that drops an entry whose index does end up in the global list (it got
+//              there through another branch of the tree) puts the dropped sum back into the
+//              merging rank's residual, and so does a merge whose 16-bit re-encoding rounded.
+//              Algorithm 4 alone would lose those values; with both rules the sum over ranks of
+//              everything fed in equals P x the applied average plus every residual.
+//
+// Received messages are validated before use (count <= k, index in the unit, strictly
+// increasing indices, no NaN value; see kernels/topk.hpp for the format). A bad message raises
+// gflow::parse_error whose subject names the parameter ("count", "index", "value") on EVERY rank:
+// TopK's ranks all see the same gathered bytes; a GTopK rank that rejects a message marks its
+// outgoing message and rank 0's broadcast carries the mark, so no rank waits for one that gave
+// up. Before throwing, every rank puts its own selected values back into its residual, so the
+// failed iteration's gradients are not lost (they are exchanged with the next iteration).
+//
+// Non-finite gradients: NaN travels as +inf (a received NaN is a corrupt message), inf values
+// are applied and reported by Exchanger::finish(); non-finite values never enter a residual.
+//
+// Introspection: residual() (pool order), selected() (this rank's indices this iteration),
+// exchanged() (the indices the applied result has: TopK the union over ranks, GTopK the global
+// top-k), k(), wire_bytes(), message_bytes(). Every rank must use the same layout, fusion,
+// schedule and index width; change them between iterations only.
+//
+// Memory: the engine works on host memory (MPI, in-process and mock transports); the CUDA
+// kernels are in include/gflow/cuda/topk.cuh, but the exchanger integration on device memory
+// is not done yet (a static_assert says so). Buffers are sized for the schedule's largest
+// density when the engine is built, replanned or given a schedule; an iteration allocates nothing.
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../dtype.hpp"
+#include "../error.hpp"
+#include "../kernels/topk.hpp"
+#include "../plan/density.hpp"
+#include "../plan/tree.hpp"
+#include "family.hpp"
+#include "sparsifier.hpp"
+
+namespace gflow {
+
+namespace detail {
+
+// Typed scratch for one index width (u32 or u64); only the width in use is allocated.
+template <class I, class W>
+struct topk_lists {
+  std::vector<I> mine_idx, cur_idx, tmp_idx, recv_idx;
+  std::vector<W> mine_val, cur_val, tmp_val, recv_val;
+  std::vector<I> u_idx;               // merge union, 2k
+  std::vector<float> u_sum;           // 2k
+  std::vector<std::uint32_t> u_key;   // 2k
+  std::vector<I> rec_idx;             // merge records, rounds x 2k
+  std::vector<float> rec_val;
+  std::vector<std::size_t> rec_count; // per round
+
+  void size_for(std::size_t k, int rounds, bool global) {
+    for (auto* v : {&mine_idx, &recv_idx}) v->assign(k, I{});
+    for (auto* v : {&mine_val, &recv_val}) v->assign(k, W{});
+    if (global) {
+      for (auto* v : {&cur_idx, &tmp_idx}) v->assign(k, I{});
+      for (auto* v : {&cur_val, &tmp_val}) v->assign(k, W{});
+      u_idx.assign(2 * k, I{});
+      u_sum.assign(2 * k, 0.0f);
+      u_key.assign(2 * k, 0u);
+      rec_idx.assign(static_cast<std::size_t>(rounds) * 2 * k, I{});
+      rec_val.assign(static_cast<std::size_t>(rounds) * 2 * k, 0.0f);
+      rec_count.assign(static_cast<std::size_t>(rounds), 0);
+    }
+  }
+  void release() { *this = topk_lists{}; }
+};
+
+template <class Ctx, double Density, bool Global>
+class topk_engine {
+  using T = typename Ctx::transport_type;
+  using W = typename Ctx::wire_type;
+  static_assert(std::same_as<typename T::memory_space, host_memory>,
+                "gflow::Sparsifier<TopK<d>> / Sparsifier<GTopK<d>>: the exchanger integration of the Top-k sparsifiers "
+                "runs on host memory (MPI, in-process or mock transports) for now; on device memory (NCCL) use "
+                "Sparsifier<Dense>, or call the CUDA kernels of <gflow/cuda/topk.cuh> yourself.");
+  static constexpr const char* scheme_name = Global ? "GTopK" : "TopK";
+
+ public:
+  static constexpr bool global = Global;
+  // The exchange of a unit is one blocking step, and state (residual, whole-pool selection
+  // without Fusion) crosses buckets: no start/complete phases, no independent buckets.
+  static constexpr bool phased = false;
+  static constexpr bool independent_buckets = false;
+
+  explicit topk_engine(Ctx& cx) : cx_(&cx), schedule_(plan::density_schedule::constant(Density)) {
+    wide_ = cx.pool->total > (std::uint64_t{1} << 32);
+    residual_.assign(cx.pool->total, 0.0f);
+    replan();
+  }
+
+  // ---- the sparsifier engine interface ----------------------------------------------------
+  void replan() {
+    const auto& bks = *cx_->buckets;
+    fused_ = cx_->fused();
+    const int P = cx_->transport->size();
+    const int rank = cx_->transport->rank();
+    const double dmax = schedule_.max();
+    std::size_t kcap = 0, ncap = 0, ktotal = 0, ucap = 0, utotal = 0;
+    auto unit = [&](std::size_t n) {
+      const std::size_t k = plan::k_for(dmax, n);
+      kcap = std::max(kcap, k);
+      ncap = std::max(ncap, n);
+      ktotal += k;
+      const std::size_t u = Global ? k : std::min(n, k * static_cast<std::size_t>(P));
+      ucap = std::max(ucap, u);
+      utotal += u;
+    };
+    if (fused_) {
+      for (const auto& b : bks) unit(b.count);
+    } else {
+      unit(cx_->pool->total);
+    }
+    kcap_ = kcap;
+    keys_.assign(ncap, 0u);
+    selected_.assign(ktotal, 0);
+    exchanged_.assign(utotal, 0);
+    steps_.clear();
+    if constexpr (Global) {
+      steps_ = plan::gtopk_schedule(rank, P);
+      decoded_.assign(kcap, 0.0f);
+    } else {
+      union_a_.assign(ucap, 0);
+      union_b_.assign(ucap, 0);
+    }
+    size_lists();
+    const std::size_t mb = kernels::message_bytes(kcap, index_bytes(), sizeof(W));
+    send_msg_.assign(mb, 0);
+    if constexpr (Global) {
+      recv_msg_.assign(mb, 0);
+      bcast_msg_.assign(mb, 0);
+    } else {
+      gather_.assign(mb * static_cast<std::size_t>(P), 0);
+    }
+    const float Pf = static_cast<float>(P);
+    scale_ = (Ctx::narrow && cx_->average) ? 1.0f / Pf : 1.0f;
+    unscale_ = (Ctx::narrow && cx_->average) ? Pf : 1.0f;
+  }
+
+  void exchange(std::size_t b) {
+    if (b == 0) begin_iteration();
+    const auto& bk = (*cx_->buckets)[b];
+    kernels::accumulate_residual(cx_->grads + bk.offset, residual_.data() + bk.offset, bk.count);
+    if (fused_) select_and_exchange(bk.offset, bk.count);
+    else if (b + 1 == cx_->buckets->size()) select_and_exchange(0, cx_->pool->total);
+  }
+
+  void end_iteration() {}
+
+  /// Bytes this rank handed to collectives this iteration (all_gather / send / broadcast buffers).
+  [[nodiscard]] std::size_t wire_bytes() const noexcept { return wire_bytes_; }
+
+  // ---- run-time settings (between iterations; the same on every rank) ----------------------
+  /// A constant density from now on. Throws invalid_argument("density") unless 0 < d <= 1.
+  void set_density(double d) {
+    plan::check_density(d);
+    set_schedule(plan::density_schedule::constant(d));
+  }
+  /// A warm-up schedule (already validated when built); buffers grow to its largest density.
+  void set_schedule(plan::density_schedule s) {
+    schedule_ = std::move(s);
+    replan();
+  }
+  [[nodiscard]] const plan::density_schedule& schedule() const noexcept { return schedule_; }
+  /// The density of the current (or, between iterations, the last) iteration.
+  [[nodiscard]] double density() const noexcept { return density_; }
+
+  /// 4 (u32 indices; only when the pool has at most 2^32 elements) or 8 (u64).
+  void set_index_bytes(std::size_t bytes) {
+    if (bytes != 4 && bytes != 8)
+      throw invalid_argument("index_bytes", "indices travel as 4 or 8 bytes (got " + std::to_string(bytes) + ").", "pass 4 or 8.");
+    if (bytes == 4 && cx_->pool->total > (std::uint64_t{1} << 32))
+      throw invalid_argument("index_bytes",
+                             "the pool has " + std::to_string(cx_->pool->total) + " elements; 32-bit indices address at most 2^32.",
+                             "keep 8-byte indices for this layout.");
+    wide_ = bytes == 8;
+    replan();
+  }
+  [[nodiscard]] std::size_t index_bytes() const noexcept { return wide_ ? 8 : 4; }
+
+  // ---- introspection ------------------------------------------------------------------------
+  /// The residual, in pool order (pool_data() indexing).
+  [[nodiscard]] std::span<const float> residual() const noexcept { return residual_; }
+  /// Pool indices this rank selected this iteration (increasing).
+  [[nodiscard]] std::span<const std::uint64_t> selected() const noexcept { return {selected_.data(), selected_n_}; }
+  /// Pool indices the applied result holds a value for this iteration (increasing): TopK the
+  /// union of every rank's selection, GTopK the global top-k. Identical on every rank.
+  [[nodiscard]] std::span<const std::uint64_t> exchanged() const noexcept { return {exchanged_.data(), exchanged_n_}; }
+  /// Entries each rank selected this iteration, summed over the selection units.
+  [[nodiscard]] std::size_t k() const noexcept { return k_total_; }
+  /// Selections (units) exchanged this iteration: buckets with Fusion, else 1.
+  [[nodiscard]] std::size_t selections() const noexcept { return selections_; }
+  /// Bytes of the last message (header + k indices + k values).
+  [[nodiscard]] std::size_t message_bytes() const noexcept { return message_bytes_; }
+  /// Merge rounds of GTopK (ceil(log2 P)); 0 for TopK.
+  [[nodiscard]] int rounds() const noexcept { return static_cast<int>(steps_.size()); }
+
+ private:
+  template <class I>
+  topk_lists<I, W>& lists() noexcept {
+    if constexpr (std::same_as<I, std::uint32_t>) return l32_;
+    else return l64_;
+  }
+
+  void size_lists() {
+    if (wide_) {
+      l32_.release();
+      l64_.size_for(kcap_, static_cast<int>(steps_.size()), Global);
+    } else {
+      l64_.release();
+      l32_.size_for(kcap_, static_cast<int>(steps_.size()), Global);
+    }
+  }
+
+  void begin_iteration() {
+    density_ = schedule_.at(*cx_->iteration);
+    wire_bytes_ = 0;
+    selected_n_ = 0;
+    exchanged_n_ = 0;
+    k_total_ = 0;
+    selections_ = 0;
+  }
+
+  void select_and_exchange(std::size_t off, std::size_t n) {
+    if (wide_) run<std::uint64_t>(off, n);
+    else run<std::uint32_t>(off, n);
+  }
+
+  template <class I>
+  void run(std::size_t off, std::size_t n) {
+    auto& L = lists<I>();
+    const std::size_t k = plan::k_for(density_, n);
+    const std::size_t mb = kernels::message_bytes(k, sizeof(I), sizeof(W));
+    float* g = cx_->grads;
+    const std::size_t cnt = kernels::select_topk(g + off, n, k, off, L.mine_idx.data(), keys_.data());
+    kernels::take_selected(g, residual_.data(), L.mine_idx.data(), cnt, L.mine_val.data(), scale_, unscale_);
+    for (std::size_t j = 0; j < cnt; ++j) selected_[selected_n_ + j] = static_cast<std::uint64_t>(L.mine_idx[j]);
+    selected_n_ += cnt;
+    k_total_ += k;
+    ++selections_;
+    message_bytes_ = mb;
+    if constexpr (Global) run_global<I>(off, n, k, mb, cnt);
+    else run_gather<I>(off, n, k, mb, cnt);
+  }
+
+  // Puts this rank's own selection back into its residual (the exchange failed).
+  template <class I>
+  void restore_own(std::size_t cnt) {
+    auto& L = lists<I>();
+    kernels::restore_unselected(residual_.data(), L.mine_idx.data(), L.mine_val.data(), cnt, static_cast<const I*>(nullptr), 0, unscale_);
+  }
+
+  std::string fix_text() const {
+    return "make every rank use the same layout, fusion, density schedule and index width; otherwise the transport "
+           "delivered corrupted bytes. This iteration's gradients were not exchanged; they stay in the residual.";
+  }
+
+  // ---- TopK: one all_gather ----------------------------------------------------------------
+  template <class I>
+  void run_gather(std::size_t off, std::size_t n, std::size_t k, std::size_t mb, std::size_t cnt) {
+    auto& L = lists<I>();
+    T& t = *cx_->transport;
+    const int P = t.size();
+    kernels::pack(send_msg_.data(), k, L.mine_idx.data(), L.mine_val.data(), cnt);
+    t.all_gather(send_msg_.data(), gather_.data(), mb);
+    wire_bytes_ += mb;
+    // Validate all P messages before the pool is touched.
+    for (int q = 0; q < P; ++q) {
+      const auto r = kernels::unpack_checked(block(q, mb), k, off, off + n, L.recv_idx.data(), L.recv_val.data());
+      if (!r.ok()) {
+        restore_own<I>(cnt);
+        throw parse_error(kernels::parameter_of(r.fault),
+                          std::string("Sparsifier<TopK>: the message all-gathered from rank ") + std::to_string(q) + " was rejected: " +
+                              kernels::describe(r, k, off, off + n),
+                          fix_text());
+      }
+    }
+    float* g = cx_->grads + off;
+    std::fill(g, g + n, 0.0f);
+    std::size_t ua = 0;
+    for (int q = 0; q < P; ++q) {  // rank order: the same additions, in the same order, on every rank
+      const auto r = kernels::unpack_checked(block(q, mb), k, off, off + n, L.recv_idx.data(), L.recv_val.data());
+      kernels::scatter_add(cx_->grads, L.recv_idx.data(), L.recv_val.data(), r.count);
+      const auto end = std::set_union(union_a_.data(), union_a_.data() + ua, L.recv_idx.data(), L.recv_idx.data() + r.count, union_b_.data());
+      ua = static_cast<std::size_t>(end - union_b_.data());
+      std::swap(union_a_, union_b_);
+    }
+    std::copy(union_a_.data(), union_a_.data() + ua, exchanged_.data() + exchanged_n_);
+    exchanged_n_ += ua;
+    if (!Ctx::narrow && cx_->average) cx_->kernels->scale_in_place(g, n, cx_->mean_scale());  // counts inf / NaN
+    else cx_->kernels->count_nonfinite(g, n);
+  }
+
+  const unsigned char* block(int q, std::size_t mb) const noexcept { return gather_.data() + static_cast<std::size_t>(q) * mb; }
+
+  // ---- GTopK: tree of merges, then a broadcast --------------------------------------------
+  template <class I>
+  void run_global(std::size_t off, std::size_t n, std::size_t k, std::size_t mb, std::size_t cnt) {
+    auto& L = lists<I>();
+    T& t = *cx_->transport;
+    const int rank = t.rank();
+    std::copy(L.mine_idx.data(), L.mine_idx.data() + cnt, L.cur_idx.data());
+    std::copy(L.mine_val.data(), L.mine_val.data() + cnt, L.cur_val.data());
+    std::size_t cur = cnt;
+    kernels::message_header mark{};  // status != 0 once this rank saw a bad message (or a marked one)
+    kernels::unpack_result own{};    // what this rank itself rejected
+    int own_peer = -1;
+    for (std::size_t j = 0; j < steps_.size(); ++j) {
+      const plan::tree_step& s = steps_[j];
+      L.rec_count[j] = 0;
+      if (s.role == plan::tree_role::receive) {
+        t.recv(recv_msg_.data(), mb, s.peer);
+        const auto r = kernels::unpack_checked(recv_msg_.data(), k, off, off + n, L.recv_idx.data(), L.recv_val.data());
+        if (!r.ok()) {
+          if (mark.status == 0) {
+            if (r.fault == kernels::message_fault::status) {
+              mark = r.header;  // forward the upstream report unchanged
+            } else {
+              mark = {0, static_cast<std::uint32_t>(r.fault), static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(s.peer),
+                      static_cast<std::uint32_t>(j)};
+              own = r;
+              own_peer = s.peer;
+            }
+          }
+          continue;
+        }
+        if (mark.status != 0) continue;
+        std::size_t nrec = 0;
+        const std::size_t base = j * 2 * kcap_;
+        cur = kernels::merge_topk(L.recv_idx.data(), L.recv_val.data(), r.count, L.cur_idx.data(), L.cur_val.data(), cur, k, L.tmp_idx.data(),
+                                  L.tmp_val.data(), L.rec_idx.data() + base, L.rec_val.data() + base, &nrec,
+                                  kernels::merge_scratch<I>{L.u_idx.data(), L.u_sum.data(), L.u_key.data()});
+        L.rec_count[j] = nrec;
+        std::swap(L.cur_idx, L.tmp_idx);
+        std::swap(L.cur_val, L.tmp_val);
+      } else if (s.role == plan::tree_role::send) {
+        kernels::pack(send_msg_.data(), k, L.cur_idx.data(), L.cur_val.data(), mark.status ? 0 : cur, mark);
+        t.send(send_msg_.data(), mb, s.peer);
+        wire_bytes_ += mb;
+      }
+    }
+    if (rank == 0) kernels::pack(bcast_msg_.data(), k, L.cur_idx.data(), L.cur_val.data(), mark.status ? 0 : cur, mark);
+    else kernels::pack(bcast_msg_.data(), k, L.cur_idx.data(), L.cur_val.data(), 0);  // overwritten by the broadcast
+    t.broadcast(bcast_msg_.data(), mb, 0);
+    wire_bytes_ += mb;
+    // The global list, into tmp (cur is no longer needed).
+    const auto F = kernels::unpack_checked(bcast_msg_.data(), k, off, off + n, L.tmp_idx.data(), L.tmp_val.data());
+    if (!F.ok() || mark.status != 0) {  // a rank rejected a message: every rank learns it from the broadcast
+      restore_own<I>(cnt);
+      fail_global(F, mark, own, own_peer, k, off, n);
+    }
+    const std::size_t nf = F.count;
+    const I* fi = L.tmp_idx.data();
+    float* g = cx_->grads;
+    std::fill(g + off, g + off + n, 0.0f);
+    const float post = (!Ctx::narrow && cx_->average) ? cx_->mean_scale() : 1.0f;
+    kernels::decode_scaled(L.tmp_val.data(), nf, post, decoded_.data());
+    cx_->kernels->count_nonfinite(decoded_.data(), nf);
+    kernels::scatter_set(g, fi, decoded_.data(), nf);
+    // Residuals: Algorithm 4 line 10, then the merge records of indices in the global list.
+    kernels::restore_unselected(residual_.data(), L.mine_idx.data(), L.mine_val.data(), cnt, fi, nf, unscale_);
+    for (std::size_t j = 0; j < steps_.size(); ++j) {
+      const std::size_t base = j * 2 * kcap_;
+      kernels::restore_records_in(residual_.data(), L.rec_idx.data() + base, L.rec_val.data() + base, L.rec_count[j], fi, nf, unscale_);
+    }
+    for (std::size_t j = 0; j < nf; ++j) exchanged_[exchanged_n_ + j] = static_cast<std::uint64_t>(fi[j]);
+    exchanged_n_ += nf;
+  }
+
+  // Throws the error of a failed gTop-k exchange: a rejected message reported through the tree
+  // (this rank's own mark, or the mark the broadcast carried), else the broadcast itself.
+  [[noreturn]] void fail_global(const kernels::unpack_result& F, const kernels::message_header& mark, const kernels::unpack_result& own,
+                                int own_peer, std::size_t k, std::size_t off, std::size_t n) const {
+    const kernels::message_header* h = mark.status != 0 ? &mark : (F.fault == kernels::message_fault::status ? &F.header : nullptr);
+    if (h != nullptr) {
+      const auto fault = static_cast<kernels::message_fault>(h->status);
+      std::string what = "Sparsifier<GTopK>: in merge round " + std::to_string(h->round) + ", rank " + std::to_string(h->reporter) +
+                         " rejected the message from rank " + std::to_string(h->source) + " (its " + kernels::parameter_of(fault) + ")";
+      if (own_peer >= 0) what += ": " + kernels::describe(own, k, off, off + n);
+      else what += "; every rank stops this exchange.";
+      throw parse_error(kernels::parameter_of(fault), what, fix_text());
+    }
+    throw parse_error(kernels::parameter_of(F.fault),
+                      "Sparsifier<GTopK>: the global top-k broadcast from rank 0 was rejected: " + kernels::describe(F, k, off, off + n), fix_text());
+  }
+
+  Ctx* cx_;
+  plan::density_schedule schedule_;
+  bool wide_ = false;
+  bool fused_ = false;
+  std::size_t kcap_ = 0;
+  float scale_ = 1.0f;    // applied before encoding (1/P with a 16-bit wire and averaging)
+  float unscale_ = 1.0f;  // its inverse, for residual bookkeeping
+  std::vector<float> residual_;
+  std::vector<std::uint32_t> keys_;
+  std::vector<unsigned char> send_msg_, recv_msg_, bcast_msg_, gather_;
+  std::vector<std::uint64_t> selected_, exchanged_, union_a_, union_b_;
+  std::vector<float> decoded_;
+  std::vector<plan::tree_step> steps_;
+  topk_lists<std::uint32_t, W> l32_;
+  topk_lists<std::uint64_t, W> l64_;
+  // per iteration
+  double density_ = Density;
+  std::size_t wire_bytes_ = 0, selected_n_ = 0, exchanged_n_ = 0, k_total_ = 0, selections_ = 0, message_bytes_ = 0;
+};
+
+}  // namespace detail
+
+/// Top-k sparsification, exchanged by one all_gather (paper 003 Algorithm 1).
+template <double Density>
+struct TopK {
+  static_assert(Density > 0.0 && Density <= 1.0,
+                "gflow::TopK<density>: the density must lie in (0, 1] (the fraction of gradients each rank sends, "
+                "e.g. 0.001). For an exchange of everything use gflow::Sparsifier<gflow::Dense>.");
+  static constexpr double density = Density;
+  static constexpr bool global = false;
+  template <class Ctx>
+  using engine = detail::topk_engine<Ctx, Density, false>;
+};
+
+/// Global Top-k by pairwise tree merges and a broadcast (paper 003 Algorithms 3 and 4), any P.
+template <double Density>
+struct GTopK {
+  static_assert(Density > 0.0 && Density <= 1.0,
+                "gflow::GTopK<density>: the density must lie in (0, 1] (the fraction of gradients each rank sends, "
+                "e.g. 0.001). For an exchange of everything use gflow::Sparsifier<gflow::Dense>.");
+  static constexpr double density = Density;
+  static constexpr bool global = true;
+  template <class Ctx>
+  using engine = detail::topk_engine<Ctx, Density, true>;
+};
+
+/// A Top-k scheme: its density (in (0, 1]) and whether the selection is global.
+template <class S>
+concept topk_scheme = requires {
+  { S::density } -> std::convertible_to<double>;
+  { S::global } -> std::convertible_to<bool>;
+} && (S::density > 0.0) && (S::density <= 1.0);
+
+static_assert(topk_scheme<TopK<0.001>>);
+static_assert(topk_scheme<GTopK<0.001>>);
+static_assert(topk_scheme<TopK<1.0>>);
+static_assert(!topk_scheme<Dense>);
+static_assert(sparsifier_policy<Sparsifier<TopK<0.001>>>);
+static_assert(sparsifier_policy<Sparsifier<GTopK<0.01>>>);
+
+}  // namespace gflow
