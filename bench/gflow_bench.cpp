@@ -14,6 +14,9 @@
 #include <unistd.h>
 
 #include <gflow/exchanger.hpp>
+#include <gflow/kernels/topk.hpp>
+#include <gflow/plan/density.hpp>
+#include <gflow/transport/inproc.hpp>
 #include <gflow/transport/mpi.hpp>
 
 #include <algorithm>
@@ -37,6 +40,9 @@ struct options {
   bool quick = false;
   bool sweep = false;
   double compute_ratio = 1.5;  // overlap: simulated backward time / measured exchange time
+  std::vector<double> densities{0.001, 0.01};  // sparse
+  std::string transport = "mpi";               // sparse: mpi or inproc
+  int ranks = 0;                               // inproc: thread ranks
   int iters = 0, warmup = 0;
 };
 
@@ -44,7 +50,8 @@ struct options {
   std::fprintf(stderr,
                "gflow_bench: %s\n"
                "usage: bench/run exchange|overlap [--ranks N] [--layout NAME|PATH] [--threshold BYTES] [--wire fp32|fp16|bf16]\n"
-               "                          [--quick] [--sweep] [--iters N] [--warmup N] [--compute-ratio R]\n",
+               "                          [--quick] [--sweep] [--iters N] [--warmup N] [--compute-ratio R]\n"
+               "       bench/run sparse [--ranks N] [--layout L] [--density 0.001,0.01] [--transport mpi|inproc]\n",
                why.c_str());
   MPI_Abort(MPI_COMM_WORLD, 2);
   std::exit(2);
@@ -79,12 +86,26 @@ options parse(int argc, char** argv) {
     else if (a == "--quick") o.quick = true;
     else if (a == "--sweep") o.sweep = true;
     else if (a == "--compute-ratio") o.compute_ratio = std::stod(next());
+    else if (a == "--density") {
+      o.densities.clear();
+      std::string v = next();
+      for (std::size_t p0 = 0; p0 <= v.size();) {
+        const std::size_t c = v.find(',', p0);
+        o.densities.push_back(std::stod(v.substr(p0, c == std::string::npos ? std::string::npos : c - p0)));
+        if (c == std::string::npos) break;
+        p0 = c + 1;
+      }
+    } else if (a == "--transport") o.transport = next();
     else if (a == "--iters") o.iters = std::stoi(next());
     else if (a == "--warmup") o.warmup = std::stoi(next());
-    else if (a == "--ranks") (void)next();  // consumed by bench/run
+    else if (a == "--ranks") o.ranks = std::stoi(next());  // MPI ranks are bench/run's business
     else usage("unknown option '" + a + "'");
   }
-  if (o.suite != "exchange" && o.suite != "overlap") usage("unknown suite '" + o.suite + "' (available: exchange, overlap)");
+  if (o.suite != "exchange" && o.suite != "overlap" && o.suite != "sparse")
+    usage("unknown suite '" + o.suite + "' (available: exchange, overlap, sparse)");
+  if (o.transport != "mpi" && o.transport != "inproc") usage("--transport must be mpi or inproc");
+  for (double d : o.densities)
+    if (!(d > 0 && d <= 1)) usage("--density values must be in (0, 1]");
   if (!(o.compute_ratio >= 0)) usage("--compute-ratio must be >= 0");
   if (o.wire != "fp32" && o.wire != "fp16" && o.wire != "bf16") usage("--wire must be fp32, fp16 or bf16");
   if (o.iters == 0) o.iters = o.quick ? 7 : 15;
@@ -373,6 +394,89 @@ void run_overlap_suite(const options& o, const gflow::Layout& l, const std::stri
   std::fflush(stdout);
 }
 
+// ---- suite sparse ---------------------------------------------------------------------------------
+// Dense (Fusion at --threshold) against TopK and GTopK (selection over the whole pool: no Fusion)
+// on the same gradients. select_s is the exact top-k selection alone (kernels::select_topk over
+// the pool, what the engines run), timed on the same data in the same run; comm_s = the
+// iteration minus select_s (derived, reported as such).
+struct sparse_result {
+  std::string name;
+  double density;
+  stats total, select;
+  std::size_t wire_bytes;
+};
+
+template <class E, class T, class Setup>
+sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, const char* name, double density, bool selects, Setup setup) {
+  typename E::template on<T> ex(t, l);
+  setup(ex);
+  const std::size_t total = l.total_numel();
+  std::vector<float> fresh(total);
+  for (std::size_t i = 0; i < total; ++i)
+    fresh[i] = static_cast<float>(((i * 2654435761u + static_cast<std::size_t>(t.rank()) * 40503u) % 20011)) / 10000.0f - 1.0f;
+  std::vector<std::uint32_t> scratch(selects ? total : 0);
+  const std::size_t k = gflow::plan::k_for(density, total);
+  std::vector<std::uint64_t> picked(selects ? k : 0);
+  std::vector<double> tt, st;
+  std::size_t bytes = 0;
+  for (int it = 0; it < o.warmup + o.iters; ++it) {
+    std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float));
+    t.barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t q = l.size(); q-- > 0;) ex.ready(q);
+    auto status = ex.finish();
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bytes = status.wire_bytes;
+    double ds = 0;
+    if (selects) {
+      t.barrier();
+      auto s0 = std::chrono::steady_clock::now();
+      (void)gflow::kernels::select_topk(fresh.data(), total, k, 0, picked.data(), scratch.data());
+      ds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    }
+    t.all_reduce(&dt, 1, gflow::reduce_op::max);
+    t.all_reduce(&ds, 1, gflow::reduce_op::max);
+    if (it >= o.warmup) {
+      tt.push_back(dt);
+      st.push_back(ds);
+    }
+  }
+  return {name, density, summarize(tt), summarize(st), bytes};
+}
+
+template <class T>
+std::vector<sparse_result> run_sparse_on(T& t, const options& o, const gflow::Layout& l) {
+  using gflow::Exchanger;
+  using gflow::Sparsifier;
+  std::vector<sparse_result> rs;
+  auto none = [](auto&) {};
+  rs.push_back(measure_sparse<Exchanger<gflow::Fusion<(4u << 20)>>>(t, o, l, "dense", 1.0, false, [&](auto& ex) { ex.set_fusion(o.threshold); }));
+  for (double d : o.densities) {
+    auto dens = [d](auto& ex) { ex.sparsifier().set_density(d); };
+    rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::TopK<0.01>>>>(t, o, l, "TopK", d, true, dens));
+    rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::GTopK<0.01>>>>(t, o, l, "GTopK", d, true, dens));
+  }
+  (void)none;
+  return rs;
+}
+
+void report_sparse(const options& o, const std::vector<sparse_result>& rs, const std::string& layout_name, const gflow::Layout& l, int P) {
+  std::fprintf(stderr, "%-8s %9s %12s %12s %12s %12s %14s %8s\n", "variant", "density", "median_ms", "p10_ms", "p90_ms", "select_ms", "comm_ms", "vs_dense");
+  const double dense = rs.front().total.median;
+  for (const auto& r : rs) {
+    const double comm = r.total.median - r.select.median;
+    std::fprintf(stderr, "%-8s %9.4f %12.2f %12.2f %12.2f %12.2f %14.2f %8.3f\n", r.name.c_str(), r.density, r.total.median * 1e3, r.total.p10 * 1e3,
+                 r.total.p90 * 1e3, r.select.median * 1e3, comm * 1e3, r.total.median / dense);
+    std::printf(
+        "{\"suite\":\"sparse\",\"layout\":\"%s\",\"ranks\":%d,\"transport\":\"%s\",\"variant\":\"%s\",\"wire\":\"%s\","
+        "\"threshold_bytes\":%zu,\"density\":%.6g,\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"select_s\":%.9g,"
+        "\"comm_s\":%.9g,\"comm_s_derived\":true,\"bytes_per_rank\":%zu,\"pool_elements\":%zu,\"iterations\":%d}\n",
+        layout_name.c_str(), P, o.transport.c_str(), r.name.c_str(), o.wire.c_str(), r.name == "dense" ? o.threshold : std::size_t{0}, r.density,
+        r.total.median, r.total.p10, r.total.p90, r.select.median, comm, r.wire_bytes, l.total_numel(), o.iters);
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -396,6 +500,31 @@ int main(int argc, char** argv) {
   const std::size_t wbytes = o.wire == "fp32" ? 4 : 2;
   const std::size_t payload = l.total_numel() * wbytes;
 
+  if (o.suite == "sparse") {
+    if (o.transport == "inproc") {
+      const int R = o.ranks > 0 ? o.ranks : 4;
+      if (P != 1) {
+        if (rank == 0) std::fprintf(stderr, "gflow_bench: --transport inproc runs its ranks as threads of one process (bench/run starts one)\n");
+        MPI_Finalize();
+        return 2;
+      }
+      std::fprintf(stderr, "gflow bench: suite sparse, layout %s, %d in-process ranks, %d+%d iterations\n", layout_name.c_str(), R, o.warmup, o.iters);
+      std::vector<sparse_result> rs;
+      gflow::inproc::run(R, [&](gflow::inproc::transport& t) {
+        auto mine = run_sparse_on(t, o, l);
+        if (t.rank() == 0) rs = std::move(mine);
+      }, std::chrono::minutes(10));
+      report_sparse(o, rs, layout_name, l, R);
+    } else {
+      if (rank == 0)
+        std::fprintf(stderr, "gflow bench: suite sparse, layout %s, %d MPI ranks, %d+%d iterations\n", layout_name.c_str(), P, o.warmup, o.iters);
+      gflow::mpi::transport t(MPI_COMM_WORLD);
+      auto rs = run_sparse_on(t, o, l);
+      if (rank == 0) report_sparse(o, rs, layout_name, l, P);
+    }
+    MPI_Finalize();
+    return 0;
+  }
   if (o.suite == "overlap") {
     if (provided < MPI_THREAD_MULTIPLE) {
       if (rank == 0) std::fprintf(stderr, "gflow_bench: the overlap suite needs MPI_THREAD_MULTIPLE (got %d)\n", provided);
