@@ -5,8 +5,11 @@
 // Data semantics, chosen so results are predictable: all_reduce/reduce with sum multiply by
 // size (max/min leave data as is); all_gather replicates the local block; broadcast leaves the
 // buffer; recv fills from a queue the test provides (zeros when empty); send only records.
+// split(color, key) keeps the size and rank unless the test installs a split rule
+// (log::split_rule) that says which sub-group the played rank lands in.
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,9 +48,27 @@ struct record {
   reduce_op reduction = reduce_op::sum;
 };
 
+/// What a split rule is asked: the group being split, the played rank's place in it, and the
+/// arguments of split(color, key).
+struct split_query {
+  std::string group;  // "world", "world/0", ...
+  int size = 1;
+  int rank = 0;
+  int color = 0;
+  int key = 0;
+};
+/// Its answer: the size of the played rank's sub-group and the played rank's rank there.
+struct split_result {
+  int size = 1;
+  int rank = 0;
+};
+
 struct log {
   std::vector<record> records;
   std::deque<std::vector<unsigned char>> inbox;  // payloads handed to recv, in order
+  /// Optional: how split() sizes the sub-group (the mock cannot see the other ranks' colours).
+  /// Empty: the sub-group keeps the parent's size and rank. Shared by every transport on this log.
+  std::function<split_result(const split_query&)> split_rule;
   /// Records of one kind, in order.
   [[nodiscard]] std::vector<record> of(mock::op k) const {
     std::vector<record> out;
@@ -115,12 +136,18 @@ class transport {
     log_->records.push_back({op::wait, 0, dtype::u8, 0, -1, group_, false});
   }
 
-  /// Sub-group: this mock plays `key`'s position among `size()` ranks with the same colour is
-  /// unknowable here, so a split keeps the size and rank; tests that need sub-group sizes
-  /// construct mocks with them directly. The split itself is recorded.
-  transport split(int color, int) {
+  /// Sub-group "<group>/<color>". Which ranks share the colour is unknowable to one mock rank,
+  /// so the size and rank come from the log's split_rule when the test installed one (an
+  /// impossible answer raises invalid_argument), else they stay the parent's. The split itself
+  /// is recorded (peer = color).
+  transport split(int color, int key) {
     log_->records.push_back({op::split, 0, dtype::u8, 0, color, group_, false});
-    return transport(size_, rank_, log_, group_ + "/" + std::to_string(color));
+    std::string label = group_ + "/" + std::to_string(color);
+    if (log_->split_rule) {
+      const split_result r = log_->split_rule(split_query{group_, size_, rank_, color, key});
+      return transport(r.size, r.rank, log_, std::move(label));
+    }
+    return transport(size_, rank_, log_, std::move(label));
   }
 
  private:
