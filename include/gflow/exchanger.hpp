@@ -187,6 +187,8 @@ class basic_exchanger {
   void set_producer_stream(Stream s) {
     kernels_.set_producer(s);
   }
+  /// The topology's engine (e.g. Hybrid's set_threshold for an auto-tuner; between iterations).
+  [[nodiscard]] engine_t& topology() noexcept { return engine_; }
   /// The sparsifier's engine: residuals, selections (e.g. the chunks CSC exchanged this iteration).
   [[nodiscard]] sparsifier_t& sparsifier() noexcept { return *sparsifier_; }
   [[nodiscard]] const sparsifier_t& sparsifier() const noexcept { return *sparsifier_; }
