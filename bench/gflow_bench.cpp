@@ -25,6 +25,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <chrono>
@@ -42,6 +43,7 @@ struct options {
   double compute_ratio = 1.5;  // overlap: simulated backward time / measured exchange time
   std::vector<double> densities{0.001, 0.01};  // sparse
   std::string transport = "mpi";               // sparse: mpi or inproc
+  bool topologies = false;                     // exchange: also Hierarchical<2|4> and Hybrid
   int ranks = 0;                               // inproc: thread ranks
   int iters = 0, warmup = 0;
 };
@@ -96,6 +98,11 @@ options parse(int argc, char** argv) {
         p0 = c + 1;
       }
     } else if (a == "--transport") o.transport = next();
+    else if (a == "--topology") {
+      const std::string v = next();
+      if (v == "all") o.topologies = true;
+      else if (v != "ring") usage("--topology takes ring or all (ring + Hierarchical<2>, <4> + Hybrid<1 MiB, 2>)");
+    }
     else if (a == "--iters") o.iters = std::stoi(next());
     else if (a == "--warmup") o.warmup = std::stoi(next());
     else if (a == "--ranks") o.ranks = std::stoi(next());  // MPI ranks are bench/run's business
@@ -253,6 +260,28 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
   if (with_fixed) vs.push_back({"mpi_per_tensor", per_tensor.size(), ranges_run(&per_tensor), fill_pool, {}});
   vs.push_back({"mpi_bucketed", buckets.size(), ranges_run(&buckets), fill_pool, {}});
   if (with_fixed) vs.push_back({"mpi_whole", 1, ranges_run(&whole), fill_pool, {}});
+  // Topologies over the same buckets (bench/run exchange --topology all)
+  using H2 = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hierarchical<2>>>;
+  using H4 = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hierarchical<4>>>;
+  using Hy = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hybrid<(1u << 20), 2>>>;
+  std::optional<on_mpi<H2>> h2;
+  std::optional<on_mpi<H4>> h4;
+  std::optional<on_mpi<Hy>> hy;
+  auto add_topology = [&](auto& opt, const char* name) {
+    opt.emplace(tr, l, eo);
+    auto* e = &*opt;
+    vs.push_back({name, e->buckets().size(),
+                  [e, &l] {
+                    for (std::size_t k = l.size(); k-- > 0;) e->ready(k);
+                    (void)e->finish();
+                  },
+                  [e, &fresh, total] { std::memcpy(e->pool_data(), fresh.data(), total * sizeof(float)); }, {}});
+  };
+  if (o.topologies && P >= 2) {
+    add_topology(h2, "gflow_hierarchical2");
+    if (P >= 4) add_topology(h4, "gflow_hierarchical4");
+    add_topology(hy, "gflow_hybrid1M_2");
+  }
   vs.push_back({"gflow", ex.buckets().size(),
                 [&] {
                   for (std::size_t k = l.size(); k-- > 0;) ex.ready(k);
