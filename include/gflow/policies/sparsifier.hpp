@@ -72,4 +72,5 @@ concept sparsifier_policy = std::same_as<typename P::gflow_family, sparsifier_fa
 static_assert(sparsifier_policy<Sparsifier<>>);
 
 }  // namespace gflow
+#include "csc.hpp"  // Sparsifier<CSC<chunk_elems, percent>>
 #include "topk.hpp"  // Sparsifier<TopK<density>>, Sparsifier<GTopK<density>>

@@ -1,0 +1,256 @@
+#pragma once
+// CUDA twins of include/gflow/kernels/sparse_chunks.hpp (CSC, paper 000 section 3.2 and
+// Algorithm 1), same semantics on device memory:
+//
+//   chunk_l1_norms(pool, n, C, list, count, norms, scale, stream)   norms[c] = scale * L1(chunk c)
+//   compact_chunks(pool, hist, n, C, list, count, out, stream)      out = pool + hist, back to back; hist = 0
+//   scatter_chunks(buf, pool, n, C, list, count, norms, scale, st)  pool = buf; norms[c] = scale * L1 (optional)
+//   defer_chunks(pool, hist, n, C, list, count, m, norms, stream)   g = pool + hist; norms[c] = L1(g);
+//                                                                   hist = m * g; pool = 0
+//   chunk_selector sel(max_chunks);  sel.select(norms, chunks, k, out, stream)
+//                                                                   top-k chunks, ties to the lower index,
+//                                                                   ascending in out[0, k), the rest ascending
+//
+// Pointers are device pointers of the current device; `list` is a device array of `count`
+// ascending 32-bit chunk indices (so compacted chunk j starts at j * C: only the last chunk of
+// the pool can be partial, and it can only be last in an ascending list). hist may be null in
+// compact_chunks, norms may be null where marked optional. Every call only enqueues work on
+// `stream` and throws gflow::transport_error if the launch fails.
+//
+// Results: the element-wise parts (compaction, scatter, pool + hist, m * g) are bit-identical to
+// the host kernels (explicit __fadd_rn / __fmul_rn: no contraction into FMA whatever the flags).
+// The L1 norms are summed in double in another order than the host's sequential double sum, so
+// they may differ from it in the last float bit; a GPU run selects from GPU norms on every rank,
+// so ranks still agree. The selection is exact: a stable radix sort (CUB) on the same keys as
+// kernels::chunk_key (NaN highest), so equal norms go to the lower index as on the host.
+//
+// Shape: one block of 256 threads per listed chunk (grid-stride over the list), threads stride
+// over the chunk's elements, one cub::BlockReduce per chunk for the norm.
+#include <cuda_runtime.h>
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "../error.hpp"
+#include "check.cuh"
+
+namespace gflow::cuda {
+
+namespace chunk_detail {
+
+inline constexpr unsigned block_threads = 256;
+inline constexpr std::size_t max_blocks = 65535;
+
+inline unsigned blocks_for(std::size_t count) {
+  if (count == 0) return 1;
+  return static_cast<unsigned>(count < max_blocks ? count : max_blocks);
+}
+
+__device__ __forceinline__ std::size_t chunk_end(std::size_t c, std::size_t n, std::size_t C) {
+  const std::size_t e = (c + 1) * C;
+  return e < n ? e : n;
+}
+
+using block_reduce = cub::BlockReduce<double, block_threads>;
+
+// Sum of per-thread values over the block; the result is valid in thread 0.
+__device__ __forceinline__ double block_sum(double v, typename block_reduce::TempStorage& tmp) { return block_reduce(tmp).Sum(v); }
+
+enum class mode { norms, compact, scatter, defer };
+
+template <mode M>
+__global__ void __launch_bounds__(block_threads)
+chunk_kernel(float* pool, float* hist, const float* in, float* out, std::size_t n, std::size_t C, const std::uint32_t* list,
+             std::size_t count, float momentum, float* norms, float scale) {
+  __shared__ typename block_reduce::TempStorage tmp;
+  for (std::size_t j = blockIdx.x; j < count; j += gridDim.x) {
+    const std::size_t c = list[j];
+    const std::size_t b = c * C, e = chunk_end(c, n, C);
+    const std::size_t k0 = j * C;  // position in the compaction buffer
+    double s = 0;
+    for (std::size_t i = b + threadIdx.x; i < e; i += block_threads) {
+      if constexpr (M == mode::norms) {
+        s += fabs(static_cast<double>(pool[i]));
+      } else if constexpr (M == mode::compact) {
+        if (hist != nullptr) {
+          out[k0 + (i - b)] = __fadd_rn(pool[i], hist[i]);
+          hist[i] = 0.0f;
+        } else {
+          out[k0 + (i - b)] = pool[i];
+        }
+      } else if constexpr (M == mode::scatter) {
+        const float v = in[k0 + (i - b)];
+        pool[i] = v;
+        s += fabs(static_cast<double>(v));
+      } else {  // defer
+        const float g = __fadd_rn(pool[i], hist[i]);
+        s += fabs(static_cast<double>(g));
+        hist[i] = __fmul_rn(momentum, g);
+        pool[i] = 0.0f;
+      }
+    }
+    if constexpr (M != mode::compact) {
+      if (norms != nullptr) {
+        const double total = block_sum(s, tmp);
+        if (threadIdx.x == 0) norms[c] = __fmul_rn(scale, static_cast<float>(total));
+        __syncthreads();  // tmp is reused by the next chunk
+      }
+    }
+  }
+}
+
+template <mode M>
+void launch(const char* what, float* pool, float* hist, const float* in, float* out, std::size_t n, std::size_t C, const std::uint32_t* list,
+            std::size_t count, float momentum, float* norms, float scale, cudaStream_t stream) {
+  if (count == 0) return;
+  chunk_kernel<M><<<blocks_for(count), block_threads, 0, stream>>>(pool, hist, in, out, n, C, list, count, momentum, norms, scale);
+  check_cuda(cudaGetLastError(), what);
+}
+
+// Same map as kernels::chunk_key.
+__device__ __forceinline__ std::uint32_t chunk_key(float norm) {
+  const std::uint32_t b = __float_as_uint(norm);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__global__ void keys_kernel(const float* norms, std::size_t chunks, std::uint32_t* keys, std::uint32_t* index, std::uint32_t* flags) {
+  for (std::size_t c = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; c < chunks; c += std::size_t{gridDim.x} * blockDim.x) {
+    keys[c] = chunk_key(norms[c]);
+    index[c] = static_cast<std::uint32_t>(c);
+    flags[c] = 0;
+  }
+}
+
+__global__ void mark_kernel(const std::uint32_t* top, std::size_t k, std::uint32_t* flags) {
+  for (std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; j < k; j += std::size_t{gridDim.x} * blockDim.x) flags[top[j]] = 1;
+}
+
+// out[0, k): flagged chunks ascending; out[k, chunks): the others ascending. pos = exclusive scan of flags.
+__global__ void place_kernel(const std::uint32_t* flags, const std::uint32_t* pos, std::size_t chunks, std::size_t k, std::uint32_t* out) {
+  for (std::size_t c = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; c < chunks; c += std::size_t{gridDim.x} * blockDim.x) {
+    const std::size_t at = flags[c] ? pos[c] : k + (c - pos[c]);
+    out[at] = static_cast<std::uint32_t>(c);
+  }
+}
+
+inline unsigned grid_for(std::size_t work) {
+  std::size_t b = (work + block_threads - 1) / block_threads;
+  if (b > 4096) b = 4096;
+  if (b == 0) b = 1;
+  return static_cast<unsigned>(b);
+}
+
+struct cuda_free {
+  void operator()(void* p) const noexcept { (void)cudaFree(p); }
+};
+
+}  // namespace chunk_detail
+
+/// norms[list[j]] = scale * (L1 norm of chunk list[j] of the pool).
+inline void chunk_l1_norms(const float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count, float* norms,
+                           float scale, cudaStream_t stream) {
+  chunk_detail::launch<chunk_detail::mode::norms>("launch of gflow::cuda::chunk_l1_norms", const_cast<float*>(pool), nullptr, nullptr, nullptr,
+                                                  n, C, list, count, 0.0f, norms, scale, stream);
+}
+
+/// out = pool + hist over the listed chunks, back to back (out[j * C...]); hist = 0 there.
+/// hist may be null (plain copy).
+inline void compact_chunks(const float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                           float* out, cudaStream_t stream) {
+  chunk_detail::launch<chunk_detail::mode::compact>("launch of gflow::cuda::compact_chunks", const_cast<float*>(pool), hist, nullptr, out, n,
+                                                    C, list, count, 0.0f, nullptr, 1.0f, stream);
+}
+
+/// pool = buf over the listed chunks (read back to back); norms[c] = scale * L1 of what was
+/// written when norms is not null.
+inline void scatter_chunks(const float* buf, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                           float* norms, float scale, cudaStream_t stream) {
+  chunk_detail::launch<chunk_detail::mode::scatter>("launch of gflow::cuda::scatter_chunks", pool, nullptr, buf, nullptr, n, C, list, count,
+                                                    0.0f, norms, scale, stream);
+}
+
+/// Algorithm 1 for kept-back chunks: g = pool + hist; norms[c] = L1(g) (norms may be null);
+/// hist = momentum * g; pool = 0.
+inline void defer_chunks(float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count, float momentum,
+                         float* norms, cudaStream_t stream) {
+  chunk_detail::launch<chunk_detail::mode::defer>("launch of gflow::cuda::defer_chunks", pool, hist, nullptr, nullptr, n, C, list, count,
+                                                  momentum, norms, 1.0f, stream);
+}
+
+/// Top-k chunk selection on the device, the twin of kernels::select_top_chunks. Owns its
+/// scratch (keys, indices, flags, positions and CUB's temporary storage), allocated once for up
+/// to max_chunks chunks on the current device: select() allocates nothing.
+class chunk_selector {
+ public:
+  explicit chunk_selector(std::size_t max_chunks) : max_(max_chunks) {
+    // CUB's radix sort and scan take an int item count.
+    if (max_chunks == 0 || max_chunks > 0x7fffffffull)
+      throw invalid_argument("max_chunks", "a chunk selector needs between 1 and 2^31 - 1 chunks (got " + std::to_string(max_chunks) + ").",
+                             "pass the exchanger's chunk count; for more chunks, use a larger chunk size.");
+    const int items = static_cast<int>(max_chunks);
+    std::size_t sort_bytes = 0, scan_bytes = 0;
+    check_cuda(cub::DeviceRadixSort::SortPairsDescending(nullptr, sort_bytes, static_cast<const std::uint32_t*>(nullptr),
+                                                         static_cast<std::uint32_t*>(nullptr), static_cast<const std::uint32_t*>(nullptr),
+                                                         static_cast<std::uint32_t*>(nullptr), items),
+               "cub::DeviceRadixSort::SortPairsDescending (temporary storage query)");
+    check_cuda(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<const std::uint32_t*>(nullptr),
+                                             static_cast<std::uint32_t*>(nullptr), items),
+               "cub::DeviceScan::ExclusiveSum (temporary storage query)");
+    temp_bytes_ = sort_bytes > scan_bytes ? sort_bytes : scan_bytes;
+    const std::size_t words = 6 * max_chunks;  // keys, keys sorted, index, index sorted, flags, positions
+    void* p = nullptr;
+    check_cuda(cudaMalloc(&p, words * sizeof(std::uint32_t) + temp_bytes_ + 16), "cudaMalloc of the chunk selector's scratch");
+    mem_.reset(p);
+  }
+
+  /// out[0, k): the k chunks with the largest norms (NaN highest, ties to the lower index),
+  /// ascending; out[k, chunks): the others, ascending. norms and out are device arrays.
+  void select(const float* norms, std::size_t chunks, std::size_t k, std::uint32_t* out, cudaStream_t stream) {
+    if (chunks > max_)
+      throw invalid_argument("chunks", "selecting among " + std::to_string(chunks) + " chunks with a selector built for " + std::to_string(max_) + ".",
+                             "build the chunk_selector with the largest chunk count you select from.");
+    if (k > chunks) k = chunks;
+    if (chunks == 0) return;
+    using namespace chunk_detail;
+    auto* w = static_cast<std::uint32_t*>(mem_.get());
+    std::uint32_t* keys = w;
+    std::uint32_t* keys_sorted = w + max_;
+    std::uint32_t* index = w + 2 * max_;
+    std::uint32_t* index_sorted = w + 3 * max_;
+    std::uint32_t* flags = w + 4 * max_;
+    std::uint32_t* pos = w + 5 * max_;
+    void* temp = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(w + 6 * max_) + 15) & ~std::uintptr_t{15});
+    keys_kernel<<<grid_for(chunks), block_threads, 0, stream>>>(norms, chunks, keys, index, flags);
+    check_cuda(cudaGetLastError(), "launch of the chunk selector's key kernel");
+    if (k != 0) {
+      std::size_t bytes = temp_bytes_;
+      // Stable: equal keys keep their input order, i.e. ascending chunk index.
+      check_cuda(cub::DeviceRadixSort::SortPairsDescending(temp, bytes, keys, keys_sorted, index, index_sorted, static_cast<int>(chunks), 0, 32,
+                                                           stream),
+                 "cub::DeviceRadixSort::SortPairsDescending of the chunk norms");
+      mark_kernel<<<grid_for(k), block_threads, 0, stream>>>(index_sorted, k, flags);
+      check_cuda(cudaGetLastError(), "launch of the chunk selector's mark kernel");
+    }
+    std::size_t bytes = temp_bytes_;
+    check_cuda(cub::DeviceScan::ExclusiveSum(temp, bytes, flags, pos, static_cast<int>(chunks), stream),
+               "cub::DeviceScan::ExclusiveSum of the chunk flags");
+    place_kernel<<<grid_for(chunks), block_threads, 0, stream>>>(flags, pos, chunks, k, out);
+    check_cuda(cudaGetLastError(), "launch of the chunk selector's place kernel");
+  }
+
+  [[nodiscard]] std::size_t max_chunks() const noexcept { return max_; }
+
+ private:
+  std::size_t max_;
+  std::size_t temp_bytes_ = 0;
+  std::unique_ptr<void, chunk_detail::cuda_free> mem_;
+};
+
+}  // namespace gflow::cuda

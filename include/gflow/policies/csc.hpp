@@ -1,0 +1,304 @@
+#pragma once
+// Sparsifier<CSC<chunk_elems, percent>>: coarse-grained sparse communication (paper 000 section
+// 3.2, Figures 17-18, Algorithm 1).
+//
+//   using Exchange = gflow::Exchanger<gflow::Sparsifier<gflow::CSC<32768, 15>>, gflow::Fusion<4 << 20>>;
+//   Exchange::on<gflow::mpi::transport> ex(comm, layout);
+//   ex.sparsifier().set_warmup(500, 2000);            // optional: dense iterations, ramp iterations
+//   ... ready(i) ...; auto st = ex.finish();
+//   if (st.finite()) opt.step(weights, {ex.pool_data(), ex.pool_size()},        // optim/momentum_sgd.hpp
+//                             ex.sparsifier().selected_chunks(), ex.sparsifier().chunk_elems());
+//
+// What one iteration does (every rank holds the same selection S, a sorted list of chunks):
+//   1. The pool is cut into chunks of chunk_elems elements (plan/chunks.hpp; the last is partial).
+//   2. As buckets complete (exchange(b), pool order), every chunk that is now complete (its end
+//      <= the bucket's end) is handled, Algorithm 1's "AllReduce Preprocess Step":
+//        - c in S: g + hg is compacted into a buffer and hg = 0;
+//        - c not in S: g = g + hg, hg = momentum * g, and the pool is cleared there.
+//      With Fusion the buffer is allreduced once it holds at least the fusion threshold in wire
+//      bytes; without Fusion it is allreduced after each bucket that added to it. The allreduce is
+//      the exchanger's dense one (Precision policy: divide by P, cast, reduce through the
+//      Topology, cast back, count inf/NaN), and the result is scattered back into the pool.
+//   3. end_iteration(): the rest of the buffer is exchanged; then the chunk norms (below) are
+//      allreduced in fp32 through the Topology, and the top `percent` of chunks, ceil, ties to the
+//      lower index (kernels::select_top_chunks), become S for the next iteration.
+//
+// After finish(), the views hold:
+//   - chunks in S: the average over ranks of the accumulated gradient g + hg (the sum with
+//     exchange_options::average = false), identical on every rank;
+//   - other chunks: zero. Algorithm 1's SGD step makes no update there (the optimizer leaves the
+//     weight and its momentum alone), and zero keeps an optimizer that ignores the selection
+//     (plain SGD) correct. The rank's own accumulated gradient lives on in residual() as
+//     momentum * g.
+//
+// Accounting ("nothing is lost", docs/DESIGN.md): for every element, summed over ranks and
+// iterations,  fed in  =  applied  +  residual held now  +  decayed,  where applied is what the
+// views held after each finish() (times P when averaged; zero on kept-back chunks) and
+// decayed = (1 - momentum) * g at each iteration the element was kept back. Algorithm 1 keeps
+// momentum * g, so with momentum = 1 nothing decays and the identity is the plain conservation
+// law; momentum < 1 is the paper's choice to let the history decay like a momentum term.
+// tests/test_csc.cpp checks the identity exactly (fp64, 1000+ random iterations).
+//
+// Chunk norms (paper 000, Figure 18): each rank computes, per chunk, the L1 norm of
+//   - chunks in S: the exchanged values divided by P as a sum, i.e. L1(sum over ranks) / P (the
+//     paper's "divide its L1 norm by the number of GPUs": the allreduce then restores L1(sum));
+//   - other chunks: its own accumulated gradient g + hg (before the momentum scaling).
+// so both are on the scale of the sum over ranks. The norms are allreduced only when the next
+// iteration is sparse or this one was (dense warm-up iterations issue no norm collective).
+// A chunk whose allreduced norm is inf/NaN while it was kept back is counted in
+// exchange_status::nonfinite (identically on every rank) and, NaN ranking highest, is exchanged
+// next iteration.
+//
+// Warm-up (paper: "start from dense training ... linearly ramping up the sparsity ratio"): every
+// chunk for the first max(warmup, 1) iterations, then the fraction ramps linearly to `percent`
+// over `ramp` iterations (plan::csc_schedule). The paper gives the warm-up as "several percent
+// of iterations" and no momentum value; gflow's defaults are warmup 100, ramp 1000, momentum 0.9
+// (the usual SGD momentum, which Algorithm 1 reuses). Set them to the run:
+// set_warmup(total_iterations / 100, total_iterations / 25) follows "several percent".
+//
+// Memory (allocated in the constructor; no allocation per iteration): the history (one float per
+// pool element), the compaction buffer (one float per pool element, since warm-up exchanges
+// everything), a wire-type scratch of the same length for 16-bit wires, chunk norms and three
+// chunk lists (this iteration's, the last one's for the optimizer, the next one's).
+//
+// Host memory only for now: the CUDA kernels exist (cuda/sparse_chunks.cuh) but the engine's
+// device path does not (static_assert below).
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../error.hpp"
+#include "../kernels/sparse_chunks.hpp"
+#include "../plan/chunks.hpp"
+#include "sparsifier.hpp"
+
+namespace gflow {
+
+template <std::size_t ChunkElems = 32768, unsigned Percent = 15>
+struct CSC {
+  static_assert(ChunkElems > 0,
+                "gflow::CSC<0, ...>: the chunk size must be positive. Pass the number of gradient elements per chunk, "
+                "e.g. gflow::CSC<32768, 15> (the paper's 32K-element chunks).");
+  static_assert(Percent > 0 && Percent <= 100,
+                "gflow::CSC<..., Percent>: the percent of chunks exchanged per iteration must lie in (0, 100]. "
+                "Pass e.g. gflow::CSC<32768, 15> (100 exchanges every chunk, like gflow::Dense).");
+  static constexpr std::size_t chunk_elems = ChunkElems;
+  static constexpr unsigned percent = Percent;
+
+  static constexpr std::uint64_t default_warmup = 100;
+  static constexpr std::uint64_t default_ramp = 1000;
+  static constexpr float default_momentum = 0.9f;
+
+  template <class Ctx>
+  class engine {
+    static_assert(!Ctx::backend::stream_ordered,
+                  "gflow::CSC on device memory is not implemented yet: the CUDA kernels exist "
+                  "(include/gflow/cuda/sparse_chunks.cuh) but the exchanger's device path for CSC does not. "
+                  "Use Sparsifier<CSC<...>> with a host-memory transport (MPI, in-process), or Sparsifier<Dense> with NCCL.");
+    using wire_t = typename Ctx::wire_type;
+    template <class E>
+    using buffer = typename Ctx::backend::template buffer<E>;
+
+   public:
+    // For the Overlap policies: CSC's buffer and selection cursors cross buckets (no
+    // Concurrent<N>), and its exchange does not split into start/complete phases (no Chained).
+    // Overlap<Funneled> works: exchange() only touches chunks the ready prefix has completed.
+    static constexpr bool phased = false;
+    static constexpr bool independent_buckets = false;
+
+    explicit engine(Ctx& cx)
+        : cx_(&cx), geo_(cx.pool->total, ChunkElems), hist_(geo_.pool_elems()), buf_(geo_.pool_elems()), norms_(geo_.count()) {
+      if constexpr (Ctx::narrow) wire_ = buffer<wire_t>(geo_.pool_elems());
+      const std::size_t nc = geo_.count();
+      cur_.resize(nc);
+      last_.resize(nc);
+      next_.resize(nc);
+      std::iota(cur_.begin(), cur_.end(), std::uint32_t{0});  // iteration 0: every chunk (no norms yet)
+      ncur_ = nc;
+      rest_pos_ = nc;
+      replan();
+    }
+
+    engine(const engine&) = delete;
+    engine& operator=(const engine&) = delete;
+
+    /// The buckets changed (between iterations): recompute which chunks each bucket completes.
+    void replan() {
+      in_iteration_check("replan");
+      ranges_ = plan::plan_chunk_ranges(geo_, *cx_->buckets);
+    }
+
+    /// Bucket b's gradients are final: handle the chunks it completes (compaction of the
+    /// selected ones, Algorithm 1's history for the others), and allreduce the buffer when the
+    /// fusion threshold is reached (every bucket without Fusion).
+    void exchange(std::size_t b) {
+      if (b != next_bucket_)
+        throw usage_error("exchange", "CSC got bucket " + std::to_string(b) + " where bucket " + std::to_string(next_bucket_) + " was next.",
+                          "exchange buckets once each, in pool order (the Exchanger does).");
+      ++next_bucket_;
+      const auto [lo, hi] = ranges_[b];
+      if (lo == hi) return;
+      const std::size_t n = geo_.pool_elems();
+      float* pool = cx_->grads;
+      // Selected chunks in [lo, hi): the next run of the sorted selection.
+      const std::size_t s0 = sel_pos_;
+      while (sel_pos_ < ncur_ && cur_[sel_pos_] < hi) ++sel_pos_;
+      pending_ += kernels::compact_chunks(pool, hist_.data(), n, ChunkElems, cur_.data() + s0, sel_pos_ - s0, buf_.data() + pending_);
+      // Kept-back chunks in [lo, hi): the next run of the sorted complement.
+      const std::size_t u0 = rest_pos_;
+      while (rest_pos_ < geo_.count() && cur_[rest_pos_] < hi) ++rest_pos_;
+      kernels::defer_chunks(pool, hist_.data(), n, ChunkElems, cur_.data() + u0, rest_pos_ - u0, momentum_, norms_.data());
+      if (pending_ != 0 && (!cx_->fused() || pending_ * sizeof(wire_t) >= *cx_->threshold_bytes)) flush();
+    }
+
+    /// After the last bucket: exchange what is left in the buffer, then allreduce the chunk
+    /// norms and select the chunks of the next iteration.
+    void end_iteration() {
+      if (next_bucket_ != ranges_.size())
+        throw usage_error("end_iteration", "CSC reached the end of the iteration after " + std::to_string(next_bucket_) + " of " +
+                                               std::to_string(ranges_.size()) + " buckets.",
+                          "exchange every bucket before ending the iteration (the Exchanger does).");
+      if (pending_ != 0) flush();
+      const std::size_t nc = geo_.count();
+      const std::uint64_t it = *cx_->iteration;
+      const std::size_t k = schedule().selected(it + 1, nc);
+      if (k < nc || ncur_ < nc) {
+        cx_->topology->run(norms_.data(), nc);
+        bytes_ += nc * sizeof(float);
+        ++collectives_;
+        // Kept-back chunks whose summed norm is inf/NaN: report them on every rank.
+        for (std::size_t j = ncur_; j < nc; ++j)
+          if (!std::isfinite(norms_.data()[cur_[j]])) cx_->kernels->count_nonfinite(norms_.data() + cur_[j], 1);
+      }
+      if (k < nc) kernels::select_top_chunks(norms_.data(), nc, k, next_.data());
+      else std::iota(next_.begin(), next_.end(), std::uint32_t{0});
+      // last_ <- the iteration just finished, cur_ <- the next one.
+      std::swap(last_, cur_);
+      nlast_ = ncur_;
+      std::swap(cur_, next_);
+      ncur_ = k;
+      last_bytes_ = bytes_;
+      last_collectives_ = collectives_;
+      bytes_ = 0;
+      collectives_ = 0;
+      next_bucket_ = 0;
+      sel_pos_ = 0;
+      flushed_ = 0;
+      rest_pos_ = k;
+    }
+
+    /// Bytes this rank handed to collectives in the iteration finish() last completed: the
+    /// compacted chunks in the wire type plus the fp32 norms when they were allreduced.
+    [[nodiscard]] std::size_t wire_bytes() const noexcept { return last_bytes_; }
+    /// Collectives issued in that iteration (chunk allreduces + the norm allreduce).
+    [[nodiscard]] std::size_t collectives() const noexcept { return last_collectives_; }
+
+    // ---- for the optimizer (Algorithm 1's SGD update step) ----------------------------------
+    /// The chunks exchanged in the iteration finish() last completed, ascending; the views hold
+    /// their averaged gradient, every other chunk holds zero. Empty before the first finish().
+    [[nodiscard]] std::span<const std::uint32_t> selected_chunks() const noexcept { return {last_.data(), nlast_}; }
+    /// The chunks the iteration in progress (or, between iterations, the next one) exchanges.
+    [[nodiscard]] std::span<const std::uint32_t> upcoming_chunks() const noexcept { return {cur_.data(), ncur_}; }
+    [[nodiscard]] const plan::chunk_geometry& geometry() const noexcept { return geo_; }
+    [[nodiscard]] std::size_t chunk_elems() const noexcept { return ChunkElems; }
+    [[nodiscard]] std::size_t chunk_count() const noexcept { return geo_.count(); }
+
+    // ---- state (a later issue checkpoints it) -----------------------------------------------
+    /// Algorithm 1's historical gradient hg, one per pool element (pool order): momentum * g for
+    /// chunks this rank kept back, 0 for chunks exchanged.
+    [[nodiscard]] std::span<const float> residual() const noexcept { return {hist_.data(), hist_.size()}; }
+    [[nodiscard]] std::span<float> residual() noexcept { return {hist_.data(), hist_.size()}; }
+    /// The chunk norms of the iteration finish() last completed (allreduced when that happened).
+    [[nodiscard]] std::span<const float> norms() const noexcept { return {norms_.data(), norms_.size()}; }
+
+    // ---- settings (between iterations; every rank must pass the same values) -----------------
+    [[nodiscard]] float momentum() const noexcept { return momentum_; }
+    [[nodiscard]] std::uint64_t warmup_iterations() const noexcept { return warmup_; }
+    [[nodiscard]] std::uint64_t ramp_iterations() const noexcept { return ramp_; }
+    [[nodiscard]] unsigned percent() const noexcept { return percent_; }
+    [[nodiscard]] plan::csc_schedule schedule() const noexcept { return {warmup_, ramp_, percent_}; }
+
+    /// Algorithm 1's momentum: kept-back gradients stay as momentum * g. In [0, 1].
+    void set_momentum(float m) {
+      in_iteration_check("set_momentum");
+      if (!(m >= 0.0f && m <= 1.0f))  // also rejects NaN
+        throw invalid_argument("momentum", "the CSC momentum must lie in [0, 1] (got " + std::to_string(m) + ").",
+                               "pass the optimizer's momentum, e.g. 0.9; 1 keeps kept-back gradients whole.");
+      momentum_ = m;
+    }
+    /// Dense for the first `warmup` iterations, then a linear ramp to percent() over `ramp`.
+    void set_warmup(std::uint64_t warmup, std::uint64_t ramp) {
+      in_iteration_check("set_warmup");
+      if (ramp > plan::csc_schedule::max_ramp)
+        throw invalid_argument("ramp", "the CSC ramp of " + std::to_string(ramp) + " iterations is longer than supported (" +
+                                           std::to_string(plan::csc_schedule::max_ramp) + ").",
+                               "pass a ramp of at most 2^32 iterations.");
+      warmup_ = warmup;
+      ramp_ = ramp;
+    }
+    /// Overrides the type's Percent at run time (auto-tuning). In (0, 100].
+    void set_percent(unsigned p) {
+      in_iteration_check("set_percent");
+      if (p == 0 || p > 100)
+        throw invalid_argument("percent", "the percent of CSC chunks exchanged must lie in (0, 100] (got " + std::to_string(p) + ").",
+                               "pass e.g. 15; 100 exchanges every chunk.");
+      percent_ = p;
+    }
+
+   private:
+    void in_iteration_check(const char* what) const {
+      if (next_bucket_ != 0)
+        throw usage_error(what, "called in the middle of an iteration (after " + std::to_string(next_bucket_) + " buckets were exchanged).",
+                          "change CSC settings between finish() and the next ready().");
+    }
+
+    // Allreduce the compacted chunks cur_[flushed_, sel_pos_) and scatter them back; their norms
+    // (divided by P as a sum) come from the scatter.
+    void flush() {
+      wire_t* wire = nullptr;
+      if constexpr (Ctx::narrow) wire = wire_.data();
+      cx_->dense_allreduce(buf_.data(), pending_, wire);
+      const float to_sum_over_p = cx_->average ? 1.0f : 1.0f / static_cast<float>(cx_->ranks());
+      kernels::scatter_chunks(buf_.data(), cx_->grads, geo_.pool_elems(), ChunkElems, cur_.data() + flushed_, sel_pos_ - flushed_, norms_.data(),
+                              to_sum_over_p);
+      bytes_ += pending_ * sizeof(wire_t);
+      ++collectives_;
+      pending_ = 0;
+      flushed_ = sel_pos_;
+    }
+
+    Ctx* cx_;
+    plan::chunk_geometry geo_;
+    buffer<float> hist_;
+    buffer<float> buf_;
+    buffer<wire_t> wire_;
+    buffer<float> norms_;
+    std::vector<plan::chunk_range> ranges_;
+    // Chunk lists, each a partition: [0, n) selected ascending, [n, chunks) the others ascending.
+    std::vector<std::uint32_t> cur_, last_, next_;
+    std::size_t ncur_ = 0, nlast_ = 0;
+    std::size_t next_bucket_ = 0;
+    std::size_t sel_pos_ = 0;   // cursor in cur_[0, ncur_)
+    std::size_t rest_pos_ = 0;  // cursor in cur_[ncur_, chunks)
+    std::size_t flushed_ = 0;   // cur_[flushed_, sel_pos_) are in the buffer
+    std::size_t pending_ = 0;   // elements in the buffer
+    std::size_t bytes_ = 0, collectives_ = 0, last_bytes_ = 0, last_collectives_ = 0;
+    float momentum_ = default_momentum;
+    std::uint64_t warmup_ = default_warmup;
+    std::uint64_t ramp_ = default_ramp;
+    unsigned percent_ = Percent;
+  };
+};
+
+static_assert(sparsifier_policy<Sparsifier<CSC<>>>);
+static_assert(sparsifier_policy<Sparsifier<CSC<32768, 15>>>);
+static_assert(!Sparsifier<CSC<>>::dense);
+
+}  // namespace gflow
