@@ -793,7 +793,7 @@ TEST_CASE("CSC setters reject bad values with typed errors naming the parameter,
   expect([&] { s.set_momentum(std::nanf("")); }, "momentum", "must lie in [0, 1]");
   expect([&] { s.set_warmup(0, (std::uint64_t{1} << 32) + 1); }, "ramp", "longer than supported");
   CHECK(s.percent() == 15);
-  CHECK(s.momentum() == doctest::Approx(0.9f));
+  CHECK(s.momentum() == doctest::Approx(1.0f));  // default: nothing lost
   CHECK(s.warmup_iterations() == 100);
   s.set_percent(100);
   s.set_momentum(0.0f);

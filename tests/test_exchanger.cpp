@@ -348,3 +348,33 @@ TEST_CASE("an iteration allocates nothing (mock transport, reserved log)") {
   g_counting = false;
   CHECK(g_allocs == 0);
 }
+
+TEST_CASE("exchange_status.collectives counts what the sparsifier issued, not buckets") {
+  auto l = Layout::from_sizes(small_sizes());
+  {
+    mock_t m(4);
+    on_mock<Exchanger<Sparsifier<TopK<0.01>>>> ex(m, l);  // no Fusion: one selection over the pool
+    for (std::size_t i = 0; i < l.size(); ++i) ex.ready(i);
+    auto st = ex.finish();
+    CHECK(st.collectives == 1);
+    CHECK(st.collectives == m.calls().of(mock::op::all_gather).size());
+  }
+  {
+    mock_t m(4, 0);  // rank 0 of 4: receives in both tree rounds, then broadcasts
+    on_mock<Exchanger<Sparsifier<GTopK<0.01>>>> ex(m, l);
+    for (std::size_t i = 0; i < l.size(); ++i) ex.ready(i);
+    auto st = ex.finish();
+    const auto& rec = m.calls().records;
+    const std::size_t issued = static_cast<std::size_t>(std::count_if(rec.begin(), rec.end(), [](const mock::record& r) {
+      return r.kind == mock::op::send || r.kind == mock::op::recv || r.kind == mock::op::broadcast;
+    }));
+    CHECK(st.collectives == 3);
+    CHECK(st.collectives == issued);
+  }
+  {
+    mock_t m(2);
+    on_mock<Exchanger<Fusion<4096>>> ex(m, l);
+    for (std::size_t i = 0; i < l.size(); ++i) ex.ready(i);
+    CHECK(ex.finish().collectives == ex.buckets().size());
+  }
+}

@@ -160,7 +160,10 @@ class basic_exchanger {
     exchange_status st;
     st.iteration = iteration_;
     st.nonfinite = kernels_.take_nonfinite() + runner_->take_nonfinite();
-    st.collectives = buckets_.size();
+    if constexpr (requires(const sparsifier_t& e) { { e.collectives() } -> std::convertible_to<std::size_t>; })
+      st.collectives = sparsifier_->collectives();  // the scheme's own count (norms, gathers, tree rounds)
+    else
+      st.collectives = buckets_.size();
     st.wire_bytes = sparsifier_->wire_bytes();
     reset_iteration();
     return st;

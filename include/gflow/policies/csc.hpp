@@ -52,9 +52,13 @@
 // Warm-up (paper: "start from dense training ... linearly ramping up the sparsity ratio"): every
 // chunk for the first max(warmup, 1) iterations, then the fraction ramps linearly to `percent`
 // over `ramp` iterations (plan::csc_schedule). The paper gives the warm-up as "several percent
-// of iterations" and no momentum value; gflow's defaults are warmup 100, ramp 1000, momentum 0.9
-// (the usual SGD momentum, which Algorithm 1 reuses). Set them to the run:
-// set_warmup(total_iterations / 100, total_iterations / 25) follows "several percent".
+// of iterations" and no momentum value; gflow's defaults are warmup 100, ramp 1000, momentum 1.
+// Momentum 1 keeps a kept-back gradient whole (hg = g: nothing is lost, DESIGN.md's invariant holds
+// exactly). A trainer that follows Algorithm 1's momentum correction sets set_momentum(m) to its
+// optimizer's momentum and updates with gflow::optim::momentum_sgd; the (1 - m) part of a kept-back
+// gradient is then accounted for by the optimizer's historical update, not by the residual.
+// Set the warm-up to the run: set_warmup(total_iterations / 100, total_iterations / 25) follows
+// "several percent".
 //
 // Memory (allocated in the constructor; no allocation per iteration): the history (one float per
 // pool element), the compaction buffer (one float per pool element, since warm-up exchanges
@@ -94,7 +98,7 @@ struct CSC {
 
   static constexpr std::uint64_t default_warmup = 100;
   static constexpr std::uint64_t default_ramp = 1000;
-  static constexpr float default_momentum = 0.9f;
+  static constexpr float default_momentum = 1.0f;  // nothing lost; Algorithm 1 trainers pass theirs
 
   template <class Ctx>
   class engine {

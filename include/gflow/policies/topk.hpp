@@ -189,6 +189,15 @@ class topk_engine {
 
   void end_iteration() {}
 
+  /// Transport calls this rank made this iteration: one all_gather per selection (TopK); per
+  /// selection the tree's sends / receives plus the broadcast (GTopK).
+  [[nodiscard]] std::size_t collectives() const noexcept {
+    if constexpr (!Global) return selections_;
+    std::size_t active = 0;
+    for (const auto& st : steps_) active += st.role != plan::tree_role::idle;
+    return selections_ * (active + 1);  // the broadcast is issued for every P
+  }
+
   /// Bytes this rank handed to collectives this iteration (all_gather / send / broadcast buffers).
   [[nodiscard]] std::size_t wire_bytes() const noexcept { return wire_bytes_; }
 
