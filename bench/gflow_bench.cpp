@@ -484,6 +484,16 @@ std::vector<sparse_result> run_sparse_on(T& t, const options& o, const gflow::La
     auto dens = [d](auto& ex) { ex.sparsifier().set_density(d); };
     rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::TopK<0.01>>>>(t, o, l, "TopK", d, true, dens));
     rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::GTopK<0.01>>>>(t, o, l, "GTopK", d, true, dens));
+    // CSC exchanges a whole percent of its 32K-element chunks: run it where d * 100 is whole.
+    const double pct = d * 100.0;
+    if (pct >= 1.0 && pct == std::floor(pct)) {
+      rs.push_back(measure_sparse<Exchanger<gflow::Fusion<(4u << 20)>, Sparsifier<gflow::CSC<32768, 15>>>>(
+          t, o, l, "CSC", d, false, [&](auto& ex) {
+            ex.set_fusion(o.threshold);
+            ex.sparsifier().set_percent(static_cast<unsigned>(pct));
+            ex.sparsifier().set_warmup(0, 0);  // iteration 0 is dense regardless: the warm-up iteration covers it
+          }));
+    }
   }
   (void)none;
   return rs;

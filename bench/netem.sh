@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Emulates a slower network on this one machine: one network namespace per rank, each with a
+# veth into a bridge in a hub namespace, and a tbf rate limit on each rank's egress (a node's
+# NIC). Addresses are link-local (169.254.77.0/24) and live only in namespaces this script makes.
+# Open MPI is forced onto TCP over those interfaces (no shared memory).
+#
+#   sudo bench/netem.sh up N RATE      e.g. up 4 1gbit   (tbf rates: kbit, mbit, gbit)
+#   sudo bench/netem.sh run N -- ARGS  runs bench/gflow_bench ARGS on N ranks, one per namespace
+#   sudo bench/netem.sh down N
+# tbf's burst is kept well above the MTU and GSO segment sizes, or packets are dropped.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cmd="${1:-}"; n="${2:-}"
+[[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "usage: bench/netem.sh up N RATE | run N -- ARGS | down N" >&2; exit 2; }
+ns() { echo "gflow_r$1"; }
+case "$cmd" in
+  up)
+    rate="${3:?rate, e.g. 1gbit}"
+    # The bridge lives in the root namespace with its own address: mpiexec's PMIx server runs
+    # there, and the ranks reach it over the bridge (PMIx 3 has no Unix-socket transport).
+    ip link add gfbr type bridge
+    ip addr add 169.254.77.254/24 dev gfbr
+    ip link set gfbr up
+    for ((i = 0; i < n; i++)); do
+      ip netns add "$(ns $i)"
+      ip link add "gfv$i" type veth peer name "gfp$i"
+      ip link set "gfv$i" netns "$(ns $i)"
+      ip link set "gfp$i" master gfbr up
+      ip netns exec "$(ns $i)" ip addr add "169.254.77.$((i + 1))/24" dev "gfv$i"
+      ip netns exec "$(ns $i)" ip link set lo up
+      ip netns exec "$(ns $i)" ip link set "gfv$i" up
+      ip netns exec "$(ns $i)" tc qdisc add dev "gfv$i" root tbf rate "$rate" burst 4mb latency 100ms
+    done
+    echo "netem: $n namespaces at $rate each" >&2 ;;
+  down)
+    for ((i = 0; i < n; i++)); do ip netns del "$(ns $i)" 2>/dev/null || true; done
+    ip link del gfbr 2>/dev/null || true ;;
+  run)
+    shift 2; [[ "${1:-}" == "--" ]] && shift
+    build="${GFLOW_BENCH_BUILD:-$root/build-bench}"
+    [[ -x "$build/bench/gflow_bench" ]] || { echo "netem: build bench first (bench/run builds it)" >&2; exit 2; }
+    app=()
+    for ((i = 0; i < n; i++)); do
+      ((i)) && app+=(":")
+      app+=(-n 1 ip netns exec "$(ns $i)" "$build/bench/gflow_bench" "$@")
+    done
+    export PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include=169.254.77.0/24
+    exec mpiexec --allow-run-as-root --oversubscribe --bind-to none --mca btl tcp,self \
+      --mca oob_tcp_if_include 169.254.77.0/24 \
+      --mca btl_tcp_if_include 169.254.77.0/24 "${app[@]}" ;;
+  *) echo "usage: bench/netem.sh up N RATE | run N -- ARGS | down N" >&2; exit 2 ;;
+esac
