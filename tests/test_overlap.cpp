@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <latch>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -156,4 +158,105 @@ TEST_CASE("issuing threads survive many iterations and set_fusion between them")
       CHECK(ex.view(3)[63] == 1.5f);
     }
   });
+}
+
+// ---- a transport whose completions the test controls (stdexec's "impulse" idea) ----------------
+namespace {
+// Every collective a rank issues waits for a ticket that the test's controller thread hands out,
+// one at a time, to a randomly chosen rank that is waiting. So the test, not the scheduler,
+// decides in which order the ranks' collectives may proceed.
+struct gate {
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<int> waiting;  // per rank: collectives waiting for a ticket
+  std::vector<int> tickets;  // per rank: tickets handed out, not yet used
+  bool open = false;         // after the run: let everything through
+  explicit gate(int P) : waiting(static_cast<std::size_t>(P)), tickets(static_cast<std::size_t>(P)) {}
+  void pass(int rank) {
+    std::unique_lock lk(m);
+    ++waiting[static_cast<std::size_t>(rank)];
+    cv.notify_all();
+    cv.wait(lk, [&] { return open || tickets[static_cast<std::size_t>(rank)] > 0; });
+    if (!open) --tickets[static_cast<std::size_t>(rank)];
+    --waiting[static_cast<std::size_t>(rank)];
+  }
+};
+
+class gated : public inproc::transport {
+ public:
+  gated(inproc::transport t, gate* g) : inproc::transport(std::move(t)), g_(g) {}
+  template <wire_element T>
+  request iall_reduce(T* buf, std::size_t n, reduce_op op) {
+    g_->pass(rank());
+    return inproc::transport::iall_reduce(buf, n, op);
+  }
+  template <wire_element T>
+  void all_reduce(T* buf, std::size_t n, reduce_op op) {
+    g_->pass(rank());
+    inproc::transport::all_reduce(buf, n, op);
+  }
+  gated split(int color, int key) { return gated(inproc::transport::split(color, key), g_); }
+
+ private:
+  gate* g_;
+};
+static_assert(gflow::transport<gated>);
+}  // namespace
+
+TEST_CASE_TEMPLATE("ranks complete in whatever order the test releases their collectives", S, None, Funneled, Concurrent<2>, Chained) {
+  using E = Exchanger<Fusion<1024>, Overlap<S>>;
+  constexpr int P = 3;
+  for (unsigned seed = 0; seed < 8; ++seed) {
+    CAPTURE(seed);
+    gate g(P);
+    std::atomic<int> finished{0};
+    std::vector<std::vector<float>> out(P);
+    std::thread controller([&] {
+      std::mt19937 rng(seed);
+      while (finished.load() < P) {
+        std::unique_lock lk(g.m);
+        g.cv.wait_for(lk, std::chrono::milliseconds(2), [&] {
+          for (int r = 0; r < P; ++r)
+            if (g.waiting[static_cast<std::size_t>(r)] > g.tickets[static_cast<std::size_t>(r)]) return true;
+          return false;
+        });
+        std::vector<int> candidates;
+        for (int r = 0; r < P; ++r)
+          if (g.waiting[static_cast<std::size_t>(r)] > g.tickets[static_cast<std::size_t>(r)]) candidates.push_back(r);
+        if (candidates.empty()) continue;
+        ++g.tickets[static_cast<std::size_t>(candidates[rng() % candidates.size()])];  // release one rank's next collective
+        lk.unlock();
+        g.cv.notify_all();
+        if (rng() % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
+      }
+    });
+    inproc::run(
+        P,
+        [&](inproc::transport& base) {
+          gated t(base, &g);
+          typename E::template on<gated> ex(t, layout());
+          std::mt19937 rng(seed * 31 + static_cast<unsigned>(t.rank()));
+          std::vector<std::size_t> order(layout().size());
+          std::iota(order.begin(), order.end(), 0);
+          std::shuffle(order.begin(), order.end(), rng);
+          for (auto i : order) {
+            auto v = ex.view(i);
+            for (std::size_t j = 0; j < v.size(); ++j) v[j] = value(t.rank(), i, j, 0);
+            ex.ready(i);
+          }
+          CHECK(ex.finish().finite());
+          out[static_cast<std::size_t>(t.rank())].assign(ex.pool_data(), ex.pool_data() + ex.pool_size());
+          ++finished;
+        },
+        std::chrono::seconds(30));
+    {
+      std::lock_guard lk(g.m);
+      g.open = true;
+    }
+    g.cv.notify_all();
+    controller.join();
+    CHECK(out[1] == out[0]);
+    CHECK(out[2] == out[0]);
+    CHECK(out[0] == run<Exchanger<Fusion<1024>>>(P, layout(), 0, 1, false)[0]);
+  }
 }
