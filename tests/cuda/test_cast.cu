@@ -14,8 +14,11 @@
 #include <vector>
 
 #include "harness.cuh"
+#include "util.cuh"
 
 namespace {
+
+using gflow_cuda_test::ok;
 
 // Aliases, not using-declarations: <cuda_fp16.h> declares a global ::half (typedef of __half).
 using f16 = gflow::half;
@@ -32,7 +35,6 @@ std::string hex(std::uint32_t x) {
   return buf;
 }
 
-void ok(cudaError_t e, const char* what) { gc::check_cuda(e, what); }
 
 /// Owning device array.
 template <class T>

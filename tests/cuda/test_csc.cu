@@ -17,34 +17,15 @@
 #include <vector>
 
 #include "harness.cuh"
+#include "util.cuh"
 
 namespace {
 
+using gflow_cuda_test::ok;
+using gflow_cuda_test::dbuf;
+
 namespace gc = gflow::cuda;
 namespace hk = gflow::kernels;
-
-void ok(cudaError_t e, const char* what) { gc::check_cuda(e, what); }
-
-template <class T>
-struct dbuf {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit dbuf(std::size_t count) : n(count) {
-    void* q = nullptr;
-    ok(cudaMalloc(&q, std::max<std::size_t>(count, 1) * sizeof(T)), "cudaMalloc");
-    p = static_cast<T*>(q);
-  }
-  explicit dbuf(const std::vector<T>& h) : dbuf(h.size()) { put(h); }
-  ~dbuf() { (void)cudaFree(p); }
-  dbuf(const dbuf&) = delete;
-  dbuf& operator=(const dbuf&) = delete;
-  void put(const std::vector<T>& h) { ok(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D"); }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    ok(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
-    return h;
-  }
-};
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -15,62 +15,19 @@
 #include <vector>
 
 #include "harness.cuh"
+#include "util.cuh"
 
 namespace {
+
+using gflow_cuda_test::ok;
+using gflow_cuda_test::dbuf;
+using gflow_cuda_test::device_count;
+using gflow_cuda_test::run_ranks;
 
 using f16 = gflow::half;
 using bf16 = gflow::bfloat16;
 namespace gc = gflow::cuda;
 using gflow::nccl::transport;
-
-void ok(cudaError_t e, const char* what) { gc::check_cuda(e, what); }
-
-int device_count() {
-  int n = 0;
-  ok(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
-  return n;
-}
-
-/// Runs fn(t) for every rank, one host thread per rank (the rank's device made current), and
-/// reports exceptions as failures.
-template <class Fn>
-void run_ranks(std::vector<transport>& ranks, Fn fn) {
-  auto body = [&](transport& t) {
-    try {
-      ok(cudaSetDevice(t.device()), "cudaSetDevice");
-      fn(t);
-    } catch (const std::exception& e) {
-      gflow_cuda_test::fail(__FILE__, __LINE__, "rank " + std::to_string(t.rank()) + ": " + e.what());
-    }
-  };
-  if (ranks.size() == 1) {
-    body(ranks[0]);
-    return;
-  }
-  std::vector<std::thread> threads;
-  for (auto& t : ranks) threads.emplace_back([&body, &t] { body(t); });
-  for (auto& th : threads) th.join();
-}
-
-template <class T>
-struct dbuf {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit dbuf(std::size_t count) : n(count) {
-    void* q = nullptr;
-    ok(cudaMalloc(&q, (count ? count : 1) * sizeof(T)), "cudaMalloc");
-    p = static_cast<T*>(q);
-  }
-  ~dbuf() { (void)cudaFree(p); }
-  dbuf(const dbuf&) = delete;
-  dbuf& operator=(const dbuf&) = delete;
-  void put(const std::vector<T>& h) { ok(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D"); }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    ok(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
-    return h;
-  }
-};
 
 }  // namespace
 

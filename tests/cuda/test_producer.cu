@@ -8,8 +8,11 @@
 #include <vector>
 
 #include "harness.cuh"
+#include "util.cuh"
 
 namespace {
+
+using gflow_cuda_test::ok;
 
 __global__ void slow_fill(float* p, std::size_t n, float v, long long spin_cycles) {
   const long long t0 = clock64();
@@ -18,7 +21,6 @@ __global__ void slow_fill(float* p, std::size_t n, float v, long long spin_cycle
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x) p[i] = v;
 }
 
-void ok(cudaError_t e, const char* what) { gflow::cuda::check_cuda(e, what); }
 
 }  // namespace
 

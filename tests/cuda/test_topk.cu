@@ -14,15 +14,17 @@
 #include <vector>
 
 #include "harness.cuh"
+#include "util.cuh"
 
 namespace {
+
+using gflow_cuda_test::ok;
 
 using f16 = gflow::half;
 using bf16 = gflow::bfloat16;
 namespace k = gflow::kernels;
 namespace gc = gflow::cuda;
 
-void ok(cudaError_t e, const char* what) { gc::check_cuda(e, what); }
 
 template <class T>
 struct dvec {

@@ -16,55 +16,18 @@
 #include <vector>
 
 #include "harness.cuh"
+#include "util.cuh"
 
 namespace {
+
+using gflow_cuda_test::ok;
+using gflow_cuda_test::dbuf;
+using gflow_cuda_test::device_count;
+using gflow_cuda_test::run_ranks;
 
 using gflow::nccl::transport;
 using hier_engine = gflow::Hierarchical<1>::engine<transport>;  // group size given at run time
 static_assert(hier_engine::nonblocking_start, "NCCL is stream-ordered: Hierarchical's start must enqueue without a host wait");
-
-void ok(cudaError_t e, const char* what) { gflow::cuda::check_cuda(e, what); }
-
-int device_count() {
-  int n = 0;
-  ok(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
-  return n;
-}
-
-template <class Fn>
-void run_ranks(std::vector<transport>& ranks, Fn fn) {
-  auto body = [&](transport& t) {
-    try {
-      ok(cudaSetDevice(t.device()), "cudaSetDevice");
-      fn(t);
-    } catch (const std::exception& e) {
-      gflow_cuda_test::fail(__FILE__, __LINE__, "rank " + std::to_string(t.rank()) + ": " + e.what());
-    }
-  };
-  std::vector<std::thread> threads;
-  for (auto& t : ranks) threads.emplace_back([&body, &t] { body(t); });
-  for (auto& th : threads) th.join();
-}
-
-template <class T>
-struct dbuf {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit dbuf(std::size_t count) : n(count) {
-    void* q = nullptr;
-    ok(cudaMalloc(&q, (count ? count : 1) * sizeof(T)), "cudaMalloc");
-    p = static_cast<T*>(q);
-  }
-  ~dbuf() { (void)cudaFree(p); }
-  dbuf(const dbuf&) = delete;
-  dbuf& operator=(const dbuf&) = delete;
-  void put(const std::vector<T>& h) { ok(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D"); }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    ok(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
-    return h;
-  }
-};
 
 // Integer-valued in [-8, 8]: exact sums in any order.
 float int_value(int rank, std::size_t j) { return static_cast<float>(static_cast<int>((static_cast<std::size_t>(rank) * 7 + j * 5) % 17) - 8); }
