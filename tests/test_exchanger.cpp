@@ -14,6 +14,8 @@
 #include <random>
 #include <vector>
 
+#include "test_values.hpp"
+
 // ---- allocation counter: the hot path (ready/finish) must not allocate ------------------------
 namespace gflow_test {  // also read by test_topk.cpp's allocation checks
 std::atomic<bool> g_counting{false};
@@ -56,15 +58,6 @@ using on_inproc = typename E::template on<inproc::transport>;
 
 std::vector<std::size_t> small_sizes() { return {1000, 3, 257, 4096, 1, 77, 512}; }
 
-float value(int rank, std::size_t tensor, std::size_t j, int iter) {
-  // deterministic pseudo-random in [-1, 1)
-  std::uint64_t x = (std::uint64_t(rank) * 0x9E3779B97F4A7C15ull) ^ (tensor * 0xBF58476D1CE4E5B9ull) ^ (j * 0x94D049BB133111EBull) ^
-                    (std::uint64_t(iter) << 40);
-  x ^= x >> 31;
-  x *= 0xD6E8FEB86659FD93ull;
-  x ^= x >> 29;
-  return static_cast<float>(static_cast<double>(x >> 11) / double(1ull << 53) * 2.0 - 1.0);
-}
 }  // namespace
 
 TEST_CASE("mock: without Fusion, one allreduce per tensor in pool order with exact byte counts") {
@@ -285,7 +278,7 @@ void check_exchange(int P, const Layout& l, double rel_tol, double abs_tol, int 
       for (int warm = 0; warm <= it; ++warm) {
         for (std::size_t i = 0; i < l.size(); ++i) {
           auto v = ex.view(i);
-          for (std::size_t j = 0; j < v.size(); ++j) v[j] = value(t.rank(), i, j, warm);
+          for (std::size_t j = 0; j < v.size(); ++j) v[j] = gflow_test::uniform_value(t.rank(), i, j, warm);
         }
         std::vector<std::size_t> order(l.size());
         std::iota(order.begin(), order.end(), 0);
@@ -306,7 +299,7 @@ void check_exchange(int P, const Layout& l, double rel_tol, double abs_tol, int 
     for (std::size_t i = 0; i < l.size(); ++i)
       for (std::size_t j = 0; j < l[i].numel; ++j, ++k) {
         double ref = 0;
-        for (int r = 0; r < P; ++r) ref += value(r, i, j, it);
+        for (int r = 0; r < P; ++r) ref += gflow_test::uniform_value(r, i, j, it);
         ref /= P;
         const double got = results[0][k];
         if (std::abs(got - ref) > abs_tol + rel_tol * std::abs(ref)) ++bad;

@@ -3,6 +3,7 @@
 // transport for P = 1..9 and every group size 1..P, and bad input.
 #include <doctest/doctest.h>
 
+#include "test_values.hpp"
 #include <gflow/exchanger.hpp>
 #include <gflow/plan/groups.hpp>
 #include <gflow/policies/topology.hpp>
@@ -375,14 +376,7 @@ std::vector<std::size_t> grid_sizes() { return {1000, 3, 257, 64, 1, 77, 130}; }
 float int_value(int rank, std::size_t tensor, std::size_t j, int iter) {
   return static_cast<float>(static_cast<int>((static_cast<std::size_t>(rank) * 7 + tensor * 13 + j * 5 + static_cast<std::size_t>(iter) * 3) % 17) - 8);
 }
-float real_value(int rank, std::size_t tensor, std::size_t j, int iter) {
-  std::uint64_t x = (std::uint64_t(rank) * 0x9E3779B97F4A7C15ull) ^ (tensor * 0xBF58476D1CE4E5B9ull) ^ (j * 0x94D049BB133111EBull) ^
-                    (std::uint64_t(iter) << 40);
-  x ^= x >> 31;
-  x *= 0xD6E8FEB86659FD93ull;
-  x ^= x >> 29;
-  return static_cast<float>(static_cast<double>(x >> 11) / double(1ull << 53) * 2.0 - 1.0);
-}
+using gflow_test::uniform_value;
 
 /// Runs `iters` iterations of exchanger E on P in-process ranks with gradients value(rank, ...),
 /// ready in reverse order on odd ranks; returns every rank's pool after the last iteration.
@@ -447,8 +441,8 @@ template <class Topo, class Fuse, class Prec = Precision<wire::fp32>>
 void check_against_ring_real(int P, const Layout& l, double u, double floor) {
   using H = Exchanger<Prec, Fuse, Topology<Topo>>;
   using R = Exchanger<Prec, Fuse>;
-  const auto hier = exchange<H>(P, l, real_value);
-  const auto ring = exchange<R>(P, l, real_value);
+  const auto hier = exchange<H>(P, l, uniform_value);
+  const auto ring = exchange<R>(P, l, uniform_value);
   check_identical_across_ranks(hier);
   const auto pool = plan::plan_pool(l);
   std::size_t off = 0;
@@ -456,7 +450,7 @@ void check_against_ring_real(int P, const Layout& l, double u, double floor) {
   for (std::size_t i = 0; i < l.size(); ++i)
     for (std::size_t j = 0; j < l[i].numel; ++j) {
       double abs = 0;
-      for (int r = 0; r < P; ++r) abs += std::fabs(real_value(r, i, j, 1)) / P;
+      for (int r = 0; r < P; ++r) abs += std::fabs(uniform_value(r, i, j, 1)) / P;
       const double bound = 2.0 * P * u * abs + 4.0 * floor;
       const double d = std::fabs(static_cast<double>(hier[0][pool.offset[i] + j]) - ring[0][pool.offset[i] + j]);
       worst = std::max(worst, d / bound);

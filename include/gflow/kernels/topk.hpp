@@ -52,8 +52,6 @@ constexpr float sanitize(float v) noexcept {
   return magnitude_key(v) > 0x7f800000u ? std::bit_cast<float>(0x7f800000u) : v;
 }
 
-constexpr bool is_finite_bits(float v) noexcept { return (std::bit_cast<std::uint32_t>(v) & 0x7f800000u) != 0x7f800000u; }
-
 /// G = g + residual, stored into both g (the pool) and residual.
 inline void accumulate_residual(float* g, float* residual, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
@@ -155,7 +153,7 @@ void take_selected(const float* G, float* residual, const I* idx, std::size_t co
     const W w = wire_cast<W>(sanitize(v * scale));
     out[j] = w;
     const float d = to_float(w);
-    residual[i] = is_finite_bits(d) ? v - d * unscale : 0.0f;
+    residual[i] = !nonfinite_bit(d) ? v - d * unscale : 0.0f;
   }
 }
 
@@ -343,17 +341,19 @@ std::size_t merge_topk(const I* ai, const W* av, std::size_t na, const I* bi, co
   }
   std::size_t nrec = 0;
   std::size_t kept = 0;
-  if (u <= k) {
-    for (std::size_t j = 0; j < u; ++j) {
-      const W w = wire_cast<W>(s.sum[j]);
-      oi[kept] = s.idx[j];
-      ov[kept++] = w;
-      const float err = s.sum[j] - to_float(w);
-      if (err != 0.0f && is_finite_bits(err)) {
-        ri[nrec] = s.idx[j];
-        rv[nrec++] = err;
-      }
+  // Keeps union entry j: encodes it, and records its rounding error when the encoding rounded.
+  auto keep = [&](std::size_t j) {
+    const W w = wire_cast<W>(s.sum[j]);
+    oi[kept] = s.idx[j];
+    ov[kept++] = w;
+    const float err = s.sum[j] - to_float(w);
+    if (err != 0.0f && !nonfinite_bit(err)) {
+      ri[nrec] = s.idx[j];
+      rv[nrec++] = err;
     }
+  };
+  if (u <= k) {
+    for (std::size_t j = 0; j < u; ++j) keep(j);
     *records_count = nrec;
     return kept;
   }
@@ -363,14 +363,7 @@ std::size_t merge_topk(const I* ai, const W* av, std::size_t na, const I* bi, co
     const std::uint32_t key = magnitude_key(s.sum[j]);
     if (key > t.key || (key == t.key && take > 0)) {
       if (key == t.key) --take;
-      const W w = wire_cast<W>(s.sum[j]);
-      oi[kept] = s.idx[j];
-      ov[kept++] = w;
-      const float err = s.sum[j] - to_float(w);
-      if (err != 0.0f && is_finite_bits(err)) {
-        ri[nrec] = s.idx[j];
-        rv[nrec++] = err;
-      }
+      keep(j);
     } else {
       ri[nrec] = s.idx[j];
       rv[nrec++] = s.sum[j];
@@ -389,7 +382,7 @@ void restore_unselected(float* residual, const I* ai, const W* av, std::size_t n
     while (p < nf && fi[p] < ai[j]) ++p;
     if (p < nf && fi[p] == ai[j]) continue;
     const float v = to_float(av[j]) * unscale;
-    if (is_finite_bits(v)) residual[static_cast<std::size_t>(ai[j])] += v;
+    if (!nonfinite_bit(v)) residual[static_cast<std::size_t>(ai[j])] += v;
   }
 }
 
@@ -404,7 +397,7 @@ void restore_records_in(float* residual, const I* ri, const float* rv, std::size
     while (p < nf && fi[p] < ri[j]) ++p;
     if (p < nf && fi[p] == ri[j]) {
       const float v = rv[j] * unscale;
-      if (is_finite_bits(v)) residual[static_cast<std::size_t>(ri[j])] += v;
+      if (!nonfinite_bit(v)) residual[static_cast<std::size_t>(ri[j])] += v;
     }
   }
 }

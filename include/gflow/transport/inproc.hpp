@@ -282,11 +282,7 @@ class transport {
   }
 
  private:
-  void check_peer(int p, const char* what) const {
-    if (p < 0 || p >= size())
-      throw invalid_argument(what, std::string(what) + " " + std::to_string(p) + " is outside the group of " + std::to_string(size()) + " ranks.",
-                             "pass a rank in [0, size()).");
-  }
+  void check_peer(int p, const char* what) const { gflow::detail::check_peer_rank(p, size(), what); }
 
   request post(detail::signature sig, void* buf, const void* cbuf, void (*exec)(detail::slot&, detail::group&)) {
     const std::uint64_t seq = next_seq_++;

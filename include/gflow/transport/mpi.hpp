@@ -423,11 +423,7 @@ class transport {
     if (rc != MPI_SUCCESS) detail::check(rc, op, where());
   }
 
-  void check_peer(int p, const char* what) const {
-    if (p < 0 || p >= size_)
-      throw invalid_argument(what, std::string(what) + " " + std::to_string(p) + " is outside the group of " + std::to_string(size_) + " ranks.",
-                             "pass a rank in [0, size()).");
-  }
+  void check_peer(int p, const char* what) const { gflow::detail::check_peer_rank(p, size_, what); }
 
   static count_t count(std::size_t n, const char* op) {
 #if defined(MPI_VERSION) && MPI_VERSION >= 4

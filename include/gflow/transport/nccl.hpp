@@ -485,11 +485,7 @@ class transport {
     if (r != ncclSuccess) detail::fail(r, op, who(), comm_);
   }
 
-  void check_peer(int p, const char* what) const {
-    if (p < 0 || p >= size_)
-      throw invalid_argument(what, std::string(what) + " " + std::to_string(p) + " is outside the group of " + std::to_string(size_) + " ranks.",
-                             "pass a rank in [0, size()).");
-  }
+  void check_peer(int p, const char* what) const { gflow::detail::check_peer_rank(p, size_, what); }
 
   static void refuse_in_group(const char* op) {
     if (group::active())

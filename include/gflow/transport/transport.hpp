@@ -21,7 +21,10 @@
 #include <concepts>
 #include <cstddef>
 
+#include <string>
+
 #include "../dtype.hpp"
+#include "../error.hpp"
 
 namespace gflow {
 
@@ -48,6 +51,15 @@ concept transport = requires(T& t, const T& ct, float* buf, const float* cbuf, s
   { t.split(peer, peer) } -> std::same_as<T>;
   { T::template can_reduce<float> } -> std::convertible_to<bool>;
 };
+
+namespace detail {
+/// The argument check every transport makes on a peer or root: p must be a rank of the group.
+inline void check_peer_rank(int p, int size, const char* what) {
+  if (p < 0 || p >= size)
+    throw invalid_argument(what, std::string(what) + " " + std::to_string(p) + " is outside the group of " + std::to_string(size) + " ranks.",
+                           "pass a rank in [0, size()).");
+}
+}  // namespace detail
 
 /// True when transport T can sum elements of type E (the exchanger's wire type).
 template <class T, class E>
