@@ -5,6 +5,10 @@
 # Open MPI is forced onto TCP over those interfaces (no shared memory).
 #
 #   sudo bench/netem.sh up N RATE      e.g. up 4 1gbit   (tbf rates: kbit, mbit, gbit)
+#   sudo bench/netem.sh up N RATE G INTRA
+#                                      two-speed network: ranks in groups of G consecutive ranks
+#                                      (as Topology<Hierarchical<G>> forms them); traffic between
+#                                      groups at RATE, inside a group at INTRA (e.g. up 4 1gbit 2 10gbit)
 #   sudo bench/netem.sh run N -- ARGS  runs bench/gflow_bench ARGS on N ranks, one per namespace
 #   sudo bench/netem.sh down N
 # tbf's burst is kept well above the MTU and GSO segment sizes, or packets are dropped.
@@ -16,6 +20,10 @@ ns() { echo "gflow_r$1"; }
 case "$cmd" in
   up)
     rate="${3:?rate, e.g. 1gbit}"
+    group="${4:-}"; intra="${5:-}"
+    if [[ -n "$group" ]]; then
+      [[ "$group" =~ ^[1-9][0-9]*$ && -n "$intra" ]] || { echo "netem: up N RATE G INTRA: G is the group size, INTRA the rate inside a group" >&2; exit 2; }
+    fi
     # The bridge lives in the root namespace with its own address: mpiexec's PMIx server runs
     # there, and the ranks reach it over the bridge (PMIx 3 has no Unix-socket transport).
     ip link add gfbr type bridge
@@ -29,9 +37,23 @@ case "$cmd" in
       ip netns exec "$(ns $i)" ip addr add "169.254.77.$((i + 1))/24" dev "gfv$i"
       ip netns exec "$(ns $i)" ip link set lo up
       ip netns exec "$(ns $i)" ip link set "gfv$i" up
-      ip netns exec "$(ns $i)" tc qdisc add dev "gfv$i" root tbf rate "$rate" burst 4mb latency 100ms
+      if [[ -z "$group" ]]; then
+        ip netns exec "$(ns $i)" tc qdisc add dev "gfv$i" root tbf rate "$rate" burst 4mb latency 100ms
+        continue
+      fi
+      # Two classes: 1:10 (inside the group, the default) and 1:20 (to every rank of another
+      # group, chosen by destination address).
+      x=(ip netns exec "$(ns $i)" tc)
+      "${x[@]}" qdisc add dev "gfv$i" root handle 1: htb default 10
+      "${x[@]}" class add dev "gfv$i" parent 1: classid 1:10 htb rate "$intra" ceil "$intra" burst 4mb cburst 4mb quantum 60000
+      "${x[@]}" class add dev "gfv$i" parent 1: classid 1:20 htb rate "$rate" ceil "$rate" burst 4mb cburst 4mb quantum 60000
+      for ((j = 0; j < n; j++)); do
+        ((j / group == i / group)) && continue
+        "${x[@]}" filter add dev "gfv$i" parent 1: protocol ip prio 1 u32 match ip dst "169.254.77.$((j + 1))/32" flowid 1:20
+      done
     done
-    echo "netem: $n namespaces at $rate each" >&2 ;;
+    if [[ -n "$group" ]]; then echo "netem: $n namespaces, groups of $group: $intra inside, $rate between" >&2
+    else echo "netem: $n namespaces at $rate each" >&2; fi ;;
   down)
     for ((i = 0; i < n; i++)); do ip netns del "$(ns $i)" 2>/dev/null || true; done
     ip link del gfbr 2>/dev/null || true ;;
