@@ -7,6 +7,8 @@
 // buffer; recv fills from a queue the test provides (zeros when empty); send only records.
 // split(color, key) keeps the size and rank unless the test installs a split rule
 // (log::split_rule) that says which sub-group the played rank lands in.
+// Control traffic (control_all_gather / control_broadcast: the exchanger's cross-rank consistency
+// check at construction) is logged apart, in log::control, so records holds the gradient traffic.
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -65,6 +67,7 @@ struct split_result {
 
 struct log {
   std::vector<record> records;
+  std::vector<record> control;  // control messages (consistency check), not gradient traffic
   std::deque<std::vector<unsigned char>> inbox;  // payloads handed to recv, in order
   /// Optional: how split() sizes the sub-group (the mock cannot see the other ranks' colours).
   /// Empty: the sub-group keeps the parent's size and rank. Shared by every transport on this log.
@@ -76,7 +79,10 @@ struct log {
       if (r.kind == k) out.push_back(r);
     return out;
   }
-  void clear() { records.clear(); }
+  void clear() {
+    records.clear();
+    control.clear();
+  }
 };
 
 class transport {
@@ -129,6 +135,17 @@ class transport {
   void send(const T*, std::size_t n, int peer) { note<T>(op::send, n, peer, false); }
   template <wire_element T>
   void recv(T* buf, std::size_t n, int peer) { note<T>(op::recv, n, peer, false); fill(buf, n); }
+  /// Host-buffer control messages: same data semantics as all_gather / broadcast, logged in log::control.
+  template <wire_element T>
+  void control_all_gather(const T* s, T* r, std::size_t n) {
+    log_->control.push_back({op::all_gather, n, dtype_of_v<T>, n * sizeof(T), -1, group_, false});
+    for (int q = 0; q < size_; ++q) if (n) std::memcpy(r + static_cast<std::size_t>(q) * n, s, n * sizeof(T));
+  }
+  template <wire_element T>
+  void control_broadcast(T*, std::size_t n, int root) {
+    gflow::detail::check_peer_rank(root, size_, "root");
+    log_->control.push_back({op::broadcast, n, dtype_of_v<T>, n * sizeof(T), root, group_, false});
+  }
   void barrier() { log_->records.push_back({op::barrier, 0, dtype::u8, 0, -1, group_, false}); }
   void wait(request& r) {
     if (!r.active) return;

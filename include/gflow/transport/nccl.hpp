@@ -27,9 +27,18 @@
 //     operation allocates nothing. A request older than the ring waits on the newer operation
 //     recorded into its slot: a later point of the same stream, hence still correct.
 //   - While waiting, the transport polls ncclCommGetAsyncError: an asynchronous NCCL failure
-//     (a peer died, a network error) raises gflow::transport_error instead of hanging.
-//     There is no timeout yet: a rank that never issues its part of a collective blocks the
-//     others forever (a later issue adds timeout_error and ncclCommAbort).
+//     (a peer died, a network error) aborts the communicator (ncclCommAbort, as NCCL's docs ask)
+//     and raises gflow::transport_error instead of hanging.
+//   - Timeouts: every host wait (wait, the blocking forms, barrier, the control messages) gives
+//     up after timeout() (default_timeout unless set_timeout() says otherwise; 0 = never),
+//     aborts the communicator so the kernels stuck on the stream exit, and raises
+//     gflow::timeout_error naming the operation, its number on this transport and the rank.
+//     NCCL has no side channel to ask the other ranks where they are, so unlike the MPI
+//     transport it cannot name the ranks that did not arrive: run an MPI transport alongside
+//     (it names them) or look for the rank that reports no timeout. After an abort the transport
+//     refuses every operation (transport_error); a borrowed communicator is aborted too (its
+//     owner must not destroy it again). Not bounded: the enqueue calls themselves, which a
+//     blocking communicator may block in while it connects to its peers on first use.
 //   - Every failing NCCL or CUDA call raises gflow::transport_error naming the operation, the
 //     rank, NCCL's error text (ncclGetErrorString and ncclGetLastError) and a fix.
 //   - Point-to-point: as in NCCL, a send and its matching recv must be in flight together. Two
@@ -47,6 +56,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -57,6 +67,7 @@
 #include <vector>
 
 #include "../cuda/check.cuh"
+#include "../detail/timeout.hpp"
 #include "../dtype.hpp"
 #include "../error.hpp"
 #include "transport.hpp"
@@ -273,6 +284,7 @@ class transport {
   // ---- collectives -------------------------------------------------------------------------
   template <wire_element T>
   request iall_reduce(T* buf, std::size_t n, reduce_op op) {
+    live("all_reduce");
     cuda::device_guard g(device_);
     check(ncclAllReduce(buf, buf, n, detail::data_type<T>(), detail::red_op(op), comm_, stream()), "all_reduce (ncclAllReduce)");
     return record("all_reduce");
@@ -280,6 +292,7 @@ class transport {
   /// recv holds n * size() elements, in rank order.
   template <wire_element T>
   request iall_gather(const T* send, T* recv, std::size_t n) {
+    live("all_gather");
     cuda::device_guard g(device_);
     check(ncclAllGather(send, recv, n, detail::data_type<T>(), comm_, stream()), "all_gather (ncclAllGather)");
     return record("all_gather");
@@ -287,6 +300,7 @@ class transport {
   template <wire_element T>
   request ibroadcast(T* buf, std::size_t n, int root) {
     check_peer(root, "root");
+    live("broadcast");
     cuda::device_guard g(device_);
     check(ncclBroadcast(buf, buf, n, detail::data_type<T>(), root, comm_, stream()), "broadcast (ncclBroadcast)");
     return record("broadcast");
@@ -295,6 +309,7 @@ class transport {
   template <wire_element T>
   request ireduce(T* buf, std::size_t n, reduce_op op, int root) {
     check_peer(root, "root");
+    live("reduce");
     cuda::device_guard g(device_);
     check(ncclReduce(buf, buf, n, detail::data_type<T>(), detail::red_op(op), root, comm_, stream()), "reduce (ncclReduce)");
     return record("reduce");
@@ -302,6 +317,7 @@ class transport {
   template <wire_element T>
   request isend(const T* buf, std::size_t n, int peer) {
     check_peer(peer, "peer");
+    live("send");
     cuda::device_guard g(device_);
     check(ncclSend(buf, n, detail::data_type<T>(), peer, comm_, stream()), "send (ncclSend)");
     return record("send");
@@ -309,6 +325,7 @@ class transport {
   template <wire_element T>
   request irecv(T* buf, std::size_t n, int peer) {
     check_peer(peer, "peer");
+    live("recv");
     cuda::device_guard g(device_);
     check(ncclRecv(buf, n, detail::data_type<T>(), peer, comm_, stream()), "recv (ncclRecv)");
     return record("recv");
@@ -356,6 +373,7 @@ class transport {
   /// stream is drained.
   void barrier() {
     refuse_in_group("barrier");
+    live("barrier");
     {
       cuda::device_guard g(device_);
       check(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream()), "barrier (ncclAllReduce)");
@@ -366,6 +384,7 @@ class transport {
   /// Blocks until the request's operation has completed on the device (polling NCCL for
   /// asynchronous errors meanwhile). Waiting twice, or on a default request, returns at once.
   void wait(request& r) {
+    if (r.whole_stream || (r.seq != 0 && r.seq > done_seq_)) live("wait");
     if (r.whole_stream) {
       drain("wait");
     } else if (r.seq != 0 && r.seq > done_seq_) {
@@ -378,6 +397,7 @@ class transport {
   /// Makes `other` wait (on the device) for the request's operation; the host does not block.
   void enqueue_wait(const request& r, cudaStream_t other) {
     if (r.seq == 0 && !r.whole_stream) return;
+    live("enqueue_wait");
     cuda::device_guard g(device_);
     if (r.whole_stream) {
       refuse_in_group("enqueue_wait on a grouped request");
@@ -393,6 +413,7 @@ class transport {
   /// ordered by key (ties by rank). The sub-group shares this transport's stream.
   transport split(int color, int key) {
     refuse_in_group("split");
+    live("split");
     if (color < 0)
       throw invalid_argument("color", "split(" + std::to_string(color) + ", " + std::to_string(key) + "): color must be >= 0.",
                              "give every rank a non-negative color; ranks that should stay out still need a group of their own.");
@@ -402,11 +423,53 @@ class transport {
     if (sub == nullptr)
       throw transport_error("split", "ncclCommSplit returned no communicator on " + who() + ".", "report this together with an NCCL_DEBUG=INFO log.");
     try {
-      return transport(sub, stream_, ownership::owned);
+      transport t(sub, stream_, ownership::owned);
+      t.timeout_ = timeout_;
+      return t;
     } catch (...) {
       (void)ncclCommDestroy(sub);
       throw;
     }
+  }
+
+  // ---- timeouts ----------------------------------------------------------------------------
+  /// Bounds every later host wait of this transport (0: wait forever). Sub-groups made by
+  /// split() afterwards inherit it.
+  void set_timeout(std::chrono::milliseconds t) {
+    gflow::detail::check_timeout(t);
+    timeout_ = t;
+  }
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// True once a timeout or an asynchronous error made this transport abort its communicator.
+  [[nodiscard]] bool aborted() const noexcept { return !aborted_.empty(); }
+
+  // ---- control messages (host buffers) -------------------------------------------------------
+  /// all_gather of a few host elements (the exchanger's consistency check), staged through a
+  /// device buffer of this rank; returns when recv holds every rank's block.
+  template <wire_element T>
+  void control_all_gather(const T* send, T* recv, std::size_t n) {
+    refuse_in_group("control_all_gather");
+    live("control_all_gather");
+    cuda::device_guard g(device_);
+    const std::size_t P = static_cast<std::size_t>(size_);
+    staging<T> d(n * (P + 1));
+    cuda::check_cuda(cudaMemcpyAsync(d.p + n * P, send, n * sizeof(T), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync of a control message");
+    check(ncclAllGather(d.p + n * P, d.p, n, detail::data_type<T>(), comm_, stream()), "control_all_gather (ncclAllGather)");
+    cuda::check_cuda(cudaMemcpyAsync(recv, d.p, n * P * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync of a control message");
+    drain("control_all_gather");
+  }
+  /// broadcast of a few host elements from root, staged like control_all_gather.
+  template <wire_element T>
+  void control_broadcast(T* buf, std::size_t n, int root) {
+    check_peer(root, "root");
+    refuse_in_group("control_broadcast");
+    live("control_broadcast");
+    cuda::device_guard g(device_);
+    staging<T> d(n);
+    cuda::check_cuda(cudaMemcpyAsync(d.p, buf, n * sizeof(T), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync of a control message");
+    check(ncclBroadcast(d.p, d.p, n, detail::data_type<T>(), root, comm_, stream()), "control_broadcast (ncclBroadcast)");
+    cuda::check_cuda(cudaMemcpyAsync(buf, d.p, n * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync of a control message");
+    drain("control_broadcast");
   }
 
  private:
@@ -417,6 +480,7 @@ class transport {
       throw invalid_argument("comm", "gflow::nccl::transport got a null ncclComm_t.", "pass an initialised communicator (or use init_all / init_rank).");
     }
     try {
+      timeout_ = gflow::detail::default_timeout;
       check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
       check(ncclCommCount(comm_, &size_), "ncclCommCount");
       check(ncclCommCuDevice(comm_, &device_), "ncclCommCuDevice");
@@ -457,6 +521,8 @@ class transport {
     std::swap(scratch_, o.scratch_);
     std::swap(next_seq_, o.next_seq_);
     std::swap(done_seq_, o.done_seq_);
+    std::swap(timeout_, o.timeout_);
+    std::swap(aborted_, o.aborted_);
   }
 
   void release() noexcept {
@@ -501,29 +567,82 @@ class transport {
     return request{seq, false};
   }
 
-  void check_async(const char* op) const {
-    ncclResult_t async = ncclSuccess;
-    check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
-    if (async != ncclSuccess && async != ncclInProgress) detail::fail(async, op, who() + " (asynchronous error)", comm_);
+  /// A device buffer for control messages, freed on every path out.
+  template <class T>
+  struct staging {
+    T* p = nullptr;
+    explicit staging(std::size_t n) {
+      void* v = nullptr;
+      cuda::check_cuda(cudaMalloc(&v, (n > 0 ? n : 1) * sizeof(T)), "cudaMalloc of a control message buffer");
+      p = static_cast<T*>(v);
+    }
+    staging(const staging&) = delete;
+    staging& operator=(const staging&) = delete;
+    ~staging() { (void)cudaFree(p); }
+  };
+
+  void live(const char* op) const {
+    if (!aborted_.empty())
+      throw transport_error(op, who() + ": the communicator was aborted after " + aborted_ + ".",
+                            "destroy this transport (and whatever uses it) and create the communicators again (restart the job or its failed ranks).");
   }
 
+  // ncclCommAbort: frees the communicator and makes its kernels still on the stream exit, so the
+  // stream can drain. The handle is gone afterwards (also for a borrowed communicator).
+  void abort_comm(std::string why) noexcept {
+    if (comm_ != nullptr) {
+      int prev = -1;
+      const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ && cudaSetDevice(device_) == cudaSuccess;
+      (void)ncclCommAbort(comm_);
+      if (switched) (void)cudaSetDevice(prev);
+    }
+    comm_ = nullptr;
+    aborted_ = std::move(why);
+  }
+
+  void check_async(const char* op) {
+    ncclResult_t async = ncclSuccess;
+    check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+    if (async == ncclSuccess || async == ncclInProgress) return;
+    std::string msg = std::string(op) + " failed on " + who() + " (asynchronous error): " + ncclGetErrorString(async) + ".";
+    if (const char* last = ncclGetLastError(comm_); last != nullptr && *last != '\0') msg += std::string(" NCCL: ") + last;
+    abort_comm(std::string("an asynchronous error in ") + op);
+    throw transport_error(op, msg + " The communicator was aborted (ncclCommAbort).", detail::fix_for(async));
+  }
+
+  // Polls until query() says the work is done; with a timeout, aborts and throws once it passes.
   template <class Query>
-  void poll(Query query, const char* op) const {
+  void poll(Query query, const char* op) {
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
     for (unsigned spins = 0;; ++spins) {
       const cudaError_t e = query();
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) cuda::check_cuda(e, std::string(op) + " on " + who());
       (void)cudaGetLastError();  // cudaErrorNotReady is an answer, not an error: keep it out of later checks
       check_async(op);
-      if (spins >= 64) std::this_thread::yield();
+      if (spins < 64) continue;
+      std::this_thread::yield();
+      if (timeout_.count() > 0 && clock::now() - start >= timeout_) time_out(op);
     }
   }
-  void poll_event(cudaEvent_t ev, const char* op) const {
+  void poll_event(cudaEvent_t ev, const char* op) {
     poll([ev] { return cudaEventQuery(ev); }, op);
   }
-  void drain(const char* op) const {
+  void drain(const char* op) {
     cudaStream_t s = stream();
     poll([s] { return cudaStreamQuery(s); }, op);
+  }
+
+  [[noreturn]] void time_out(const char* op) {
+    const std::string what = who() + " waited " + std::to_string(timeout_.count()) + " ms for " + op + " (operation #" +
+                             std::to_string(next_seq_ - 1) + " of this transport is the last one issued) to complete on its stream. NCCL "
+                             "cannot report which ranks did not arrive: a rank that never issued its part, exited, or is stuck in "
+                             "earlier work keeps every other rank waiting. The communicator was aborted (ncclCommAbort).";
+    abort_comm(std::string("a timeout in ") + op);
+    throw timeout_error(op, what,
+                        "find the rank that reported no timeout or died (an MPI transport alongside names it); if the ranks are only "
+                        "slow, raise the timeout (set_timeout). Destroy this transport and recreate the communicators.");
   }
 
   ncclComm_t comm_ = nullptr;
@@ -536,6 +655,8 @@ class transport {
   std::int32_t* scratch_ = nullptr;
   std::uint64_t next_seq_ = 1;
   std::uint64_t done_seq_ = 0;
+  std::chrono::milliseconds timeout_{0};  // default_timeout until set_timeout()
+  std::string aborted_;  // why the communicator was aborted; empty while usable
 };
 static_assert(gflow::transport<transport>);
 
