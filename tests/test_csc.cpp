@@ -656,7 +656,7 @@ TEST_CASE("CSC with all-zero gradients: zero views, zero residual, the first chu
   });
 }
 
-TEST_CASE("CSC: a NaN in a kept-back chunk is reported on every rank and exchanged the next iteration") {
+TEST_CASE("CSC: a NaN in a kept-back chunk is reported on every rank, kept out of the history, and the chunk exchanged next") {
   auto l = Layout::from_sizes({40});
   inproc::run(3, [&](inproc::transport& t) {
     on_inproc<Exchanger<Sparsifier<CSC<10, 25>>>> ex(t, l);  // 4 chunks, 1 per sparse iteration
@@ -675,9 +675,12 @@ TEST_CASE("CSC: a NaN in a kept-back chunk is reported on every rank and exchang
     auto st = step(25);  // NaN on rank 1 in chunk 2, which is kept back
     CHECK(st.nonfinite == 1);  // one kept-back chunk with a non-finite summed norm, on every rank
     CHECK(std::vector<std::uint32_t>(s.upcoming_chunks().begin(), s.upcoming_chunks().end()) == std::vector<std::uint32_t>{2});
+    for (std::size_t i = 0; i < 40; ++i) CHECK(std::isfinite(s.residual()[i]));  // the NaN is not kept (history 0 there)
+    CHECK(s.residual()[25] == (t.rank() == 1 ? 0.0f : 1.0f));
     auto st2 = step(-1);
-    CHECK(st2.nonfinite == 1);  // chunk 2 exchanged: rank 1's NaN reaches every rank's view
-    CHECK(std::isnan(ex.view(0)[25]));
+    CHECK(st2.nonfinite == 0);  // chunk 2 exchanged without the dropped NaN
+    CHECK(ex.view(0)[25] == 5.0f * (1.0f / 3.0f));  // (2 + 1 + 2) / 3: rank 1 lost its iteration-1 value there
+    CHECK(ex.view(0)[24] == 2.0f);
   });
 }
 

@@ -13,12 +13,16 @@
 // an iteration allocates nothing and makes no virtual call.
 #include <cstddef>
 #include <cstdint>
+#include <istream>
 #include <optional>
+#include <ostream>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "detail/checkpoint.hpp"
+#include "detail/consistency.hpp"
 #include "detail/exchange_context.hpp"
 #include "detail/host_backend.hpp"
 #include "detail/overlap.hpp"
@@ -36,6 +40,10 @@ struct exchange_options {
   std::optional<std::size_t> threshold_bytes;
   std::optional<std::size_t> first_bucket_bytes;
   bool average = true;  // false: leave the sum of the ranks' gradients
+  // Compare layout, policies and the options above across ranks at construction (one small
+  // all_gather); a difference raises mismatch_error on every rank instead of a hang. Must be
+  // the same on every rank (a rank that skips the check would leave the others waiting).
+  bool verify = true;
 };
 
 /// What finish() reports about one iteration. The result is bitwise identical on every rank,
@@ -90,7 +98,7 @@ class basic_exchanger {
   using wire_type = wire_t;
 
   basic_exchanger(T& t, Layout layout, exchange_options opt = {})
-      : t_(&t), layout_(std::move(layout)), opt_(opt), pool_(plan::plan_pool(layout_)),
+      : t_(&t), layout_(verified(t, std::move(layout), opt)), opt_(opt), pool_(plan::plan_pool(layout_)),
         grads_(pool_.total), kernels_(t), engine_(t) {
     ready_.assign(layout_.size(), 0);
     plan(opt_.threshold_bytes.value_or(Set::fusion::threshold_bytes),
@@ -196,7 +204,91 @@ class basic_exchanger {
   [[nodiscard]] sparsifier_t& sparsifier() noexcept { return *sparsifier_; }
   [[nodiscard]] const sparsifier_t& sparsifier() const noexcept { return *sparsifier_; }
 
+  // ---- checkpoint (docs/DESIGN.md, "Checkpoints") ----------------------------------------------
+  /// Writes this rank's state to `out`: everything that determines future gradients (the
+  /// iteration counter that drives warm-up and density schedules, the fusion numbers, a Hybrid
+  /// threshold, the sparsifier's residuals, CSC history, selection, norms and settings, Top-k
+  /// schedules), in gflow's versioned binary format (detail/checkpoint.hpp). Between iterations
+  /// only (usage_error otherwise); every rank saves its own (residuals differ per rank).
+  void save_state(std::ostream& out) const {
+    between_iterations("save_state");
+    detail::checkpoint_writer w(out);
+    detail::write_checkpoint_header(w, identity_for_checkpoint());
+    w.tag(detail::section_tag("EXCH"));
+    w.u64(iteration_);
+    w.u64(threshold_);
+    w.u64(first_bucket_);
+    w.tag(detail::section_tag("TOPO"));
+    if constexpr (topology_has_state) engine_.save_state(w);
+    w.tag(detail::section_tag("SPRS"));
+    sparsifier_->save_state(w);
+    w.checksum();
+    w.finish();
+  }
+
+  /// Restores what save_state wrote on the same rank, in a job of the same size, into an
+  /// exchanger of the same layout and composition; the next iterations then produce bitwise the
+  /// gradients the saving exchanger would have. Between iterations only (usage_error).
+  /// A truncated or corrupt checkpoint raises parse_error, one of another layout, composition,
+  /// rank or size mismatch_error naming what differs; the exchanger is then unchanged (the
+  /// whole checkpoint is read and validated before anything is applied).
+  void load_state(std::istream& in) {
+    between_iterations("load_state");
+    detail::checkpoint_reader r(in);
+    detail::read_checkpoint_header(r, identity_for_checkpoint(), layout_);
+    r.expect_tag(detail::section_tag("EXCH"), "EXCH");
+    const std::uint64_t iteration = r.u64("iteration");
+    const std::uint64_t threshold = r.u64("threshold_bytes");
+    const std::uint64_t first = r.u64("first_bucket_bytes");
+    std::optional<std::vector<plan::bucket>> buckets;
+    if (threshold != threshold_ || first != first_bucket_)
+      buckets = plan::plan_buckets(layout_, pool_, {sizeof(wire_t), static_cast<std::size_t>(threshold), static_cast<std::size_t>(first)});
+    r.expect_tag(detail::section_tag("TOPO"), "TOPO");
+    auto topo = [&] {
+      if constexpr (topology_has_state) return engine_.read_state(r);
+      else return 0;
+    }();
+    r.expect_tag(detail::section_tag("SPRS"), "SPRS");
+    auto sparse = sparsifier_->read_state(r);
+    r.verify_checksum("payload");
+    // Everything is read and valid: apply it.
+    if (buckets) {
+      buckets_ = std::move(*buckets);
+      threshold_ = static_cast<std::size_t>(threshold);
+      first_bucket_ = static_cast<std::size_t>(first);
+      sparsifier_->replan();
+      runner_->replan();
+    }
+    if constexpr (topology_has_state) engine_.restore_state(topo);
+    else (void)topo;
+    sparsifier_->restore_state(std::move(sparse));
+    iteration_ = iteration;
+  }
+
  private:
+  // The cross-rank check (detail/consistency.hpp), run first: before the topology's splits or
+  // any other collective, so ranks that disagree fail instead of hanging.
+  static Layout verified(T& t, Layout layout, const exchange_options& opt) {
+    if (opt.verify)
+      detail::verify_consistency(t, layout, detail::composition_name<Set>(),
+                                 {opt.threshold_bytes.value_or(Set::fusion::threshold_bytes),
+                                  opt.first_bucket_bytes.value_or(Set::fusion::first_bucket_bytes), opt.average});
+    return layout;
+  }
+
+  static constexpr bool topology_has_state = requires(const engine_t& e, detail::checkpoint_writer& w) { e.save_state(w); };
+
+  [[nodiscard]] detail::checkpoint_identity identity_for_checkpoint() const {
+    return detail::make_checkpoint_identity<Set>(layout_, t_->rank(), t_->size(), pool_.total);
+  }
+
+  void between_iterations(const char* what) const {
+    if (ready_count_ != 0)
+      throw usage_error(what, std::string(what) + " was called in the middle of iteration " + std::to_string(iteration_) + " (" +
+                                  std::to_string(ready_count_) + " of " + std::to_string(layout_.size()) + " tensors ready).",
+                        "save or load the state between finish() and the next ready().");
+  }
+
   void plan(std::size_t threshold, std::size_t first, bool allow_zero) {
     if (ready_count_ != 0)
       throw usage_error("set_fusion", "called in the middle of iteration " + std::to_string(iteration_) + ".",
@@ -205,6 +297,7 @@ class basic_exchanger {
       throw invalid_argument("threshold_bytes", "the fusion threshold must be positive (got 0).",
                              "pass a byte count such as 4 << 20; to exchange one collective per tensor, leave Fusion out.");
     threshold_ = threshold;
+    first_bucket_ = first;
     buckets_ = plan::plan_buckets(layout_, pool_, {sizeof(wire_t), threshold, first});
   }
 
@@ -253,6 +346,7 @@ class basic_exchanger {
   std::size_t prefix_pos_ = 0;
   std::size_t next_bucket_ = 0;
   std::size_t threshold_ = 0;
+  std::size_t first_bucket_ = 0;  // as planned (for checkpoints)
   std::uint64_t iteration_ = 0;
 };
 

@@ -6,7 +6,7 @@
 //   compact_chunks(pool, hist, n, C, list, count, out, stream)      out = pool + hist, back to back; hist = 0
 //   scatter_chunks(buf, pool, n, C, list, count, norms, scale, st)  pool = buf; norms[c] = scale * L1 (optional)
 //   defer_chunks(pool, hist, n, C, list, count, m, norms, stream)   g = pool + hist; norms[c] = L1(g);
-//                                                                   hist = m * g; pool = 0
+//                                                                   hist = m * g (0 where g is inf/NaN); pool = 0
 //   chunk_selector sel(max_chunks);  sel.select(norms, chunks, k, out, stream)
 //                                                                   top-k chunks, ties to the lower index,
 //                                                                   ascending in out[0, k), the rest ascending
@@ -91,7 +91,7 @@ chunk_kernel(float* pool, float* hist, const float* in, float* out, std::size_t 
       } else {  // defer
         const float g = __fadd_rn(pool[i], hist[i]);
         s += fabs(static_cast<double>(g));
-        hist[i] = __fmul_rn(momentum, g);
+        hist[i] = isfinite(g) ? __fmul_rn(momentum, g) : 0.0f;  // as the host: inf/NaN never enters the history
         pool[i] = 0.0f;
       }
     }

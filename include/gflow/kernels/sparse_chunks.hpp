@@ -12,8 +12,9 @@
 //                                                            back; hist = 0 there (Algorithm 1, selected)
 //   scatter_chunks(buf, pool, n, C, list, count, norms, s)  pool = buf over the listed chunks; optionally
 //                                                            norms[c] = s * L1 of what was scattered
-//   defer_chunks(pool, hist, n, C, list, count, m, norms)   g = pool + hist; norms[c] = L1(g); hist = m * g;
-//                                                            pool = 0 (Algorithm 1, unselected)
+//   defer_chunks(pool, hist, n, C, list, count, m, norms)   g = pool + hist; norms[c] = L1(g); hist = m * g
+//                                                            (0 where g is inf/NaN); pool = 0 (Algorithm 1,
+//                                                            unselected)
 //   chunk_key(norm)                                          the order selection uses (NaN highest)
 //   select_top_chunks(norms, chunks, k, out)                 out[0, k): the k chunks with the largest norms,
 //                                                            ties to the lower index, ascending;
@@ -97,6 +98,9 @@ inline std::size_t scatter_chunks(const float* buf, float* pool, std::size_t n, 
 /// Algorithm 1 for the chunks that are not exchanged this iteration: the accumulated gradient
 /// g = pool + hist stays local, its L1 norm goes to norms[c] (when norms is not null), the
 /// history keeps momentum * g, and the pool is cleared (the optimizer sees no gradient there).
+/// A non-finite g is not kept (its history element becomes 0: an inf/NaN in the history would
+/// poison every later exchange of the chunk); it still makes the chunk's norm inf/NaN, which is
+/// how the engine reports it on every rank once the norms are allreduced.
 inline void defer_chunks(float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count, float momentum,
                          float* norms) noexcept {
   for (std::size_t j = 0; j < count; ++j) {
@@ -105,7 +109,7 @@ inline void defer_chunks(float* pool, float* hist, std::size_t n, std::size_t C,
     for (std::size_t i = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C); i < e; ++i) {
       const float g = pool[i] + hist[i];
       s += std::fabs(g);
-      hist[i] = momentum * g;
+      hist[i] = (std::bit_cast<std::uint32_t>(g) & 0x7f800000u) != 0x7f800000u ? momentum * g : 0.0f;
       pool[i] = 0.0f;
     }
     if (norms != nullptr) norms[list[j]] = static_cast<float>(s);

@@ -8,6 +8,8 @@
 //   select_topk(v, n, k, base, out, scratch)   exact top-k by |v|, ties to the lower index,
 //                                              indices (base + position) in increasing order
 //   take_selected(G, res, idx, count, out, s)  wire values W(G * s); residual keeps G - W / s
+//   clear_nonfinite(res, n)                    res = 0 where res is inf / NaN (more non-finite values
+//                                              than a selection holds)
 //   pack / unpack_checked                      the sparse message format below, validated on receipt
 //   scatter_add(dst, idx, val, count)          dst[idx] += float(val)
 //   merge_topk(a, b, k, out, records)          Definition 1 (paper 003): add equal indices, keep
@@ -23,7 +25,11 @@
 // encoded, so a received NaN always means a corrupt message (unpack_checked rejects it), while
 // a genuine overflow still arrives as inf and is reported by Exchanger::finish(). Non-finite
 // values are never put into a residual (a residual that held inf would poison every later
-// iteration); the exchange that carried them is reported non-finite instead.
+// iteration); the exchange that carried them is reported non-finite instead. They rank above
+// every finite value, so a rank with more than k of them in a unit sends k (the result is then
+// non-finite on every rank) and the engine clears the rest (clear_nonfinite). A finite value
+// whose wire encoding overflows (fp16 above 65504 after the 1/P scaling) travels as inf: it is
+// reported, and not kept in the residual either.
 //
 // Message format (one message per rank and selection; sizes fixed by the capacity k so that
 // every send/recv/all_gather/broadcast has the same byte count on every rank):
@@ -155,6 +161,26 @@ void take_selected(const float* G, float* residual, const I* idx, std::size_t co
     const float d = to_float(w);
     residual[i] = !nonfinite_bit(d) ? v - d * unscale : 0.0f;
   }
+}
+
+/// True when every selected G[idx[j]] (count > 0) is inf / NaN: non-finite values rank above
+/// every finite one, so only then can the residual still hold a non-finite value.
+template <class I>
+bool selection_all_nonfinite(const float* G, const I* idx, std::size_t count) noexcept {
+  for (std::size_t j = 0; j < count; ++j)
+    if (!nonfinite_bit(G[static_cast<std::size_t>(idx[j])])) return false;
+  return count != 0;
+}
+
+/// res[i] = 0 where res[i] is inf / NaN; returns how many were cleared.
+inline std::size_t clear_nonfinite(float* res, std::size_t n) noexcept {
+  std::size_t c = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    if (nonfinite_bit(res[i])) {
+      res[i] = 0.0f;
+      ++c;
+    }
+  return c;
 }
 
 // ---- messages ----------------------------------------------------------------------------------

@@ -45,9 +45,18 @@
 //   - other chunks: its own accumulated gradient g + hg (before the momentum scaling).
 // so both are on the scale of the sum over ranks. The norms are allreduced only when the next
 // iteration is sparse or this one was (dense warm-up iterations issue no norm collective).
-// A chunk whose allreduced norm is inf/NaN while it was kept back is counted in
-// exchange_status::nonfinite (identically on every rank) and, NaN ranking highest, is exchanged
-// next iteration.
+// Non-finite gradients (docs/DESIGN.md, "Non-finite values"):
+//   - in a selected chunk, inf/NaN travels and is counted in the averaged result on every rank
+//     (exchange_status::nonfinite); the history there is 0 as for any exchanged chunk;
+//   - in a kept-back chunk, the element's history becomes 0 instead of m * g (kernels::
+//     defer_chunks: an inf/NaN history would poison every later exchange of the chunk), and the
+//     chunk's norm becomes inf/NaN. Every sparse iteration allreduces the norms, so every rank
+//     sees the non-finite sum and counts the chunk once in exchange_status::nonfinite; NaN
+//     ranking highest, the chunk is exchanged next iteration (without the dropped value).
+//   A finite chunk whose L1 norm overflows fp32 (elements near 1e34) is reported the same way.
+//
+// Checkpoints (Exchanger::save_state / load_state): the history, the next selection, the last
+// one (selected_chunks()), the norms and the settings (momentum, warm-up, ramp, percent).
 //
 // Warm-up (paper: "start from dense training ... linearly ramping up the sparsity ratio"): every
 // chunk for the first max(warmup, 1) iterations, then the fraction ramps linearly to `percent`
@@ -78,6 +87,7 @@
 #include <utility>
 #include <vector>
 
+#include "../detail/checkpoint.hpp"
 #include "../error.hpp"
 #include "../kernels/sparse_chunks.hpp"
 #include "../plan/chunks.hpp"
@@ -214,7 +224,7 @@ struct CSC {
     [[nodiscard]] std::size_t chunk_elems() const noexcept { return ChunkElems; }
     [[nodiscard]] std::size_t chunk_count() const noexcept { return geo_.count(); }
 
-    // ---- state (a later issue checkpoints it) -----------------------------------------------
+    // ---- state (saved and restored by Exchanger::save_state / load_state) ----------------------
     /// Algorithm 1's historical gradient hg, one per pool element (pool order): momentum * g for
     /// chunks this rank kept back, 0 for chunks exchanged.
     [[nodiscard]] std::span<const float> residual() const noexcept { return {hist_.data(), hist_.size()}; }
@@ -256,7 +266,95 @@ struct CSC {
       percent_ = p;
     }
 
+    // ---- checkpoint (Exchanger::save_state / load_state; between iterations) ------------------
+    /// What load reads and validates before anything changes; restore_state applies it.
+    struct saved_state {
+      std::vector<float> hist, norms;
+      std::vector<std::uint32_t> cur, last;  // full partitions: selected ascending, then the others
+      std::size_t ncur = 0, nlast = 0;
+      float momentum = default_momentum;
+      std::uint64_t warmup = default_warmup, ramp = default_ramp;
+      unsigned percent = Percent;
+    };
+
+    void save_state(detail::checkpoint_writer& w) const {
+      in_iteration_check("save_state");
+      const std::size_t nc = geo_.count();
+      w.f32(momentum_);
+      w.u64(warmup_);
+      w.u64(ramp_);
+      w.u32(percent_);
+      w.u64(ncur_);
+      w.array(cur_.data(), nc);
+      w.u64(nlast_);
+      w.array(last_.data(), nlast_);  // selected_chunks(); the rest of last_ is scratch
+      w.array(norms_.data(), nc);
+      w.array(hist_.data(), geo_.pool_elems());
+    }
+
+    [[nodiscard]] saved_state read_state(detail::checkpoint_reader& r) const {
+      const std::size_t nc = geo_.count();
+      saved_state s;
+      s.momentum = r.f32("momentum");
+      if (!(s.momentum >= 0.0f && s.momentum <= 1.0f)) r.fail("momentum", "the checkpoint's CSC momentum " + std::to_string(s.momentum) + " is outside [0, 1].");
+      s.warmup = r.u64("warmup");
+      s.ramp = r.u64("ramp");
+      if (s.ramp > plan::csc_schedule::max_ramp) r.fail("ramp", "the checkpoint's CSC ramp of " + std::to_string(s.ramp) + " iterations is out of range.");
+      s.percent = r.u32("percent");
+      if (s.percent == 0 || s.percent > 100) r.fail("percent", "the checkpoint's CSC percent " + std::to_string(s.percent) + " is outside (0, 100].");
+      s.ncur = static_cast<std::size_t>(r.u64("the selection size"));
+      if (s.ncur == 0 || s.ncur > nc)
+        r.fail("selection", "the checkpoint selects " + std::to_string(s.ncur) + " chunks of " + std::to_string(nc) + " (at least 1 is always selected).");
+      r.array_exact(s.cur, nc, "the selection");
+      check_partition(r, s.cur, s.ncur, "selection");
+      s.nlast = static_cast<std::size_t>(r.u64("the last selection size"));
+      if (s.nlast > nc)
+        r.fail("selected_chunks", "the checkpoint's last selection holds " + std::to_string(s.nlast) + " chunks of " + std::to_string(nc) + ".");
+      r.array_exact(s.last, s.nlast, "the last selection");
+      // Complete it into a partition (the same shape as the engine's lists), then validate.
+      std::vector<std::uint8_t> in(nc, 0);
+      for (std::uint32_t c : s.last)
+        if (c < nc) in[c] = 1;
+      for (std::uint32_t c = 0; c < nc; ++c)
+        if (!in[c]) s.last.push_back(c);
+      if (s.last.size() != nc) r.fail("selected_chunks", "the checkpoint's last selection repeats a chunk or names one past the last.");
+      check_partition(r, s.last, s.nlast, "selected_chunks");
+      r.array_exact(s.norms, nc, "the chunk norms");  // any value: an inf/NaN norm is state too
+      r.array_exact(s.hist, geo_.pool_elems(), "the history");
+      detail::check_finite(s.hist.data(), s.hist.size(), "history");
+      return s;
+    }
+
+    /// Applies a validated state (read_state); allocates nothing.
+    void restore_state(saved_state&& s) noexcept {
+      std::copy(s.hist.begin(), s.hist.end(), hist_.data());
+      std::copy(s.norms.begin(), s.norms.end(), norms_.data());
+      cur_.swap(s.cur);
+      last_.swap(s.last);
+      ncur_ = s.ncur;
+      nlast_ = s.nlast;
+      momentum_ = s.momentum;
+      warmup_ = s.warmup;
+      ramp_ = s.ramp;
+      percent_ = s.percent;
+      next_bucket_ = sel_pos_ = flushed_ = pending_ = 0;
+      rest_pos_ = ncur_;
+    }
+
    private:
+    // [0, n) and [n, chunks) strictly ascending, every chunk exactly once.
+    void check_partition(const detail::checkpoint_reader& r, const std::vector<std::uint32_t>& list, std::size_t n, const char* what) const {
+      const std::size_t nc = geo_.count();
+      std::vector<std::uint8_t> seen(nc, 0);
+      for (std::size_t j = 0; j < list.size(); ++j) {
+        const std::uint32_t c = list[j];
+        if (c >= nc || seen[c] || (j != 0 && j != n && c <= list[j - 1]))
+          r.fail(what, std::string("the checkpoint's chunk list '") + what + "' is not a partition of the " + std::to_string(nc) +
+                           " chunks into two ascending runs (entry " + std::to_string(j) + " is chunk " + std::to_string(c) + ").");
+        seen[c] = 1;
+      }
+    }
+
     void in_iteration_check(const char* what) const {
       if (next_bucket_ != 0)
         throw usage_error(what, "called in the middle of an iteration (after " + std::to_string(next_bucket_) + " buckets were exchanged).",

@@ -10,6 +10,10 @@
 //     void exchange(std::size_t b);   // bucket b's gradients are final: exchange them in place
 //     void end_iteration();           // after the last bucket (selection for the next iteration)
 //     std::size_t wire_bytes() const; // bytes this rank handed to collectives this iteration
+//     // checkpoints (Exchanger::save_state / load_state, between iterations):
+//     void save_state(detail::checkpoint_writer&) const;
+//     saved_state read_state(detail::checkpoint_reader&) const;  // reads and validates, changes nothing
+//     void restore_state(saved_state&&);                         // applies it
 //   };
 //
 // exchange() runs in pool order, once per bucket per iteration, on every rank in the same order,
@@ -52,6 +56,13 @@ struct Dense {
     }
     void end_iteration() {}
     [[nodiscard]] std::size_t wire_bytes() const { return cx_->pool->total * sizeof(typename Ctx::wire_type); }
+    // Checkpoints: Dense keeps nothing across iterations.
+    struct saved_state {};
+    template <class Writer>
+    void save_state(Writer&) const {}
+    template <class Reader>
+    [[nodiscard]] saved_state read_state(Reader&) const { return {}; }
+    void restore_state(saved_state&&) noexcept {}
 
    private:
     Ctx* cx_;

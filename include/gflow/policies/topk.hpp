@@ -47,6 +47,13 @@
 //
 // Non-finite gradients: NaN travels as +inf (a received NaN is a corrupt message), inf values
 // are applied and reported by Exchanger::finish(); non-finite values never enter a residual.
+// They rank above every finite value, so they are selected first; should a rank hold more than
+// k in a unit, it sends k (so the result is non-finite on every rank) and drops the rest. A
+// finite value whose wire encoding overflows (fp16) travels as inf and is dropped likewise.
+//
+// Checkpoints (Exchanger::save_state / load_state): the residual, the density schedule, the
+// index width and the last iteration's density. selected() / exchanged() are per iteration and
+// start empty after a load.
 //
 // Introspection: residual() (pool order), selected() (this rank's indices this iteration),
 // exchanged() (the indices the applied result has: TopK the union over ranks, GTopK the global
@@ -67,6 +74,7 @@
 #include <utility>
 #include <vector>
 
+#include "../detail/checkpoint.hpp"
 #include "../dtype.hpp"
 #include "../error.hpp"
 #include "../kernels/topk.hpp"
@@ -229,6 +237,69 @@ class topk_engine {
   }
   [[nodiscard]] std::size_t index_bytes() const noexcept { return wide_ ? 8 : 4; }
 
+  // ---- checkpoint (Exchanger::save_state / load_state; between iterations) --------------------
+  /// What load reads and validates before anything changes; restore_state applies it.
+  struct saved_state {
+    std::vector<float> residual;
+    plan::density_schedule schedule = plan::density_schedule::constant(Density);
+    bool wide = false;
+    double density = Density;
+  };
+
+  void save_state(checkpoint_writer& w) const {
+    w.u32(static_cast<std::uint32_t>(index_bytes()));
+    w.f64(density_);
+    w.u64(schedule_.steps().size());
+    for (const auto& st : schedule_.steps()) {
+      w.u64(st.until);
+      w.f64(st.density);
+    }
+    w.f64(schedule_.final_density());
+    w.array(residual_.data(), residual_.size());
+  }
+
+  [[nodiscard]] saved_state read_state(checkpoint_reader& r) const {
+    saved_state s;
+    const std::uint32_t ib = r.u32("index_bytes");
+    if (ib != 4 && ib != 8) r.fail("index_bytes", "the checkpoint's index width is " + std::to_string(ib) + " bytes (4 or 8 expected).");
+    if (ib == 4 && cx_->pool->total > (std::uint64_t{1} << 32))
+      r.fail("index_bytes", "the checkpoint uses 32-bit indices for a pool of more than 2^32 elements.");
+    s.wide = ib == 8;
+    s.density = r.f64("density");
+    if (!(s.density > 0.0 && s.density <= 1.0)) r.fail("density", "the checkpoint's density " + std::to_string(s.density) + " is outside (0, 1].");
+    const std::uint64_t nsteps = r.u64("the density schedule's step count");
+    constexpr std::uint64_t max_steps = std::uint64_t{1} << 20;
+    if (nsteps > max_steps)
+      r.fail("density_schedule", "the checkpoint's density schedule claims " + std::to_string(nsteps) + " steps; at most " + std::to_string(max_steps) + " are allowed.");
+    std::vector<plan::density_step> steps;
+    for (std::uint64_t i = 0; i < nsteps; ++i) {
+      plan::density_step st;
+      st.until = r.u64("a density schedule step");
+      st.density = r.f64("a density schedule step");
+      steps.push_back(st);
+    }
+    const double fin = r.f64("the final density");
+    try {
+      s.schedule = plan::density_schedule::per_iteration(std::move(steps), fin);
+    } catch (const invalid_argument& e) {
+      r.fail("density_schedule", std::string("the checkpoint's density schedule is invalid: ") + e.what());
+    }
+    r.array_exact(s.residual, cx_->pool->total, "the residual");
+    check_finite(s.residual.data(), s.residual.size(), "residual");
+    return s;
+  }
+
+  /// Applies a validated state (read_state). Buffers are re-sized for the schedule (as
+  /// set_schedule does); the per-iteration introspection starts empty.
+  void restore_state(saved_state&& s) {
+    residual_.swap(s.residual);
+    schedule_ = std::move(s.schedule);
+    wide_ = s.wide;
+    density_ = s.density;
+    wire_bytes_ = selected_n_ = exchanged_n_ = k_total_ = selections_ = message_bytes_ = 0;
+    replan();
+  }
+
   // ---- introspection ------------------------------------------------------------------------
   /// The residual, in pool order (pool_data() indexing).
   [[nodiscard]] std::span<const float> residual() const noexcept { return residual_; }
@@ -285,6 +356,8 @@ class topk_engine {
     float* g = cx_->grads;
     const std::size_t cnt = kernels::select_topk(g + off, n, k, off, L.mine_idx.data(), keys_.data());
     kernels::take_selected(g, residual_.data(), L.mine_idx.data(), cnt, L.mine_val.data(), scale_, unscale_);
+    // More inf/NaN than the selection holds: the rest must not stay in the residual.
+    if (cnt < n && kernels::selection_all_nonfinite(g, L.mine_idx.data(), cnt)) kernels::clear_nonfinite(residual_.data() + off, n);
     for (std::size_t j = 0; j < cnt; ++j) selected_[selected_n_ + j] = static_cast<std::uint64_t>(L.mine_idx[j]);
     selected_n_ += cnt;
     k_total_ += k;

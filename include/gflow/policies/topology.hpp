@@ -250,6 +250,18 @@ struct Hybrid {
 
     [[nodiscard]] const hier_t& hierarchical() const noexcept { return hier_; }
 
+    // Checkpoints (Exchanger::save_state / load_state): the run-time threshold. Ring and
+    // Hierarchical keep no run-time state (the group size is the type's).
+    template <class Writer>
+    void save_state(Writer& w) const { w.u64(threshold_); }
+    template <class Reader>
+    [[nodiscard]] std::size_t read_state(Reader& r) const {
+      const std::uint64_t t = r.u64("threshold_bytes");
+      if (t == 0) r.fail("threshold_bytes", "the checkpoint's Hybrid threshold is 0 (it must be positive).");
+      return static_cast<std::size_t>(t);
+    }
+    void restore_state(std::size_t t) noexcept { threshold_ = t; }
+
    private:
     static std::size_t checked(std::size_t bytes) {
       if (bytes == 0)
