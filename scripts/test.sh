@@ -3,7 +3,8 @@
 #   1. a Release build of everything (CUDA targets compile when nvcc is present; they run only
 #      where a GPU is, and report "skipped" elsewhere) and the whole ctest suite;
 #   2. the host and MPI tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
-#   3. the threaded parts (in-process transport, exchanger on thread ranks) under ThreadSanitizer.
+#   3. the libFuzzer targets (Clang): their kept corpora, then a short fuzz run of each;
+#   4. the threaded parts (in-process transport, exchanger on thread ranks) under ThreadSanitizer.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/install-deps.sh"
@@ -25,6 +26,9 @@ cmake --build "$out/asan" -j"$jobs" --target gflow_tests $(cmake --build "$out/a
 # Open MPI's own allocations are reported as leaks by LeakSanitizer; leaks are checked in the unit run.
 ctest --test-dir "$out/asan" --output-on-failure -R '^unit$'
 ASAN_OPTIONS=detect_leaks=0 ctest --test-dir "$out/asan" --output-on-failure -R '^mpi_'
+
+step "libFuzzer: kept corpora, then ${GFLOW_FUZZ_SECONDS:-20} s per target (sparse decode, gTop-k merge, layout .tsv)"
+GFLOW_FUZZ_BUILD="$out/fuzz" bash "$root/scripts/fuzz.sh" "${GFLOW_FUZZ_SECONDS:-20}"
 
 step "TSan: threaded parts"
 cmake -S "$root" -B "$out/tsan" -DCMAKE_BUILD_TYPE=Debug -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_BUILD_BENCH=OFF \

@@ -132,10 +132,20 @@ class Layout {
   void validate() const {
     if (tensors_.empty())
       throw invalid_argument("layout", "the layout is empty: there is no gradient to exchange.", "describe at least one tensor.");
-    for (std::size_t i = 0; i < tensors_.size(); ++i)
+    // The pool holds every tensor as floats: its byte size must be a valid object size, so that
+    // no offset or byte count computed from the layout wraps around (tests/fuzz regression).
+    constexpr std::size_t max_pool = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(float);
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
       if (tensors_[i].numel == 0)
         throw invalid_argument("layout", "tensor " + std::to_string(i) + " ('" + tensors_[i].name + "') has zero elements.",
                                "leave tensors without gradients out of the layout.");
+      if (tensors_[i].numel > max_pool - total)
+        throw invalid_argument("layout", "tensor " + std::to_string(i) + " ('" + tensors_[i].name + "') brings the pool to more than " +
+                                             std::to_string(max_pool) + " elements, more floats than one array can hold.",
+                               "describe the tensors of one model (check the numel column for a typo).");
+      total += tensors_[i].numel;
+    }
   }
 
   std::vector<tensor_desc> tensors_;
