@@ -3,7 +3,8 @@
 # apt runs only when something is missing). The CUDA toolkit (nvcc, NCCL) is optional and is
 # not installed here; when /usr/local/cuda/bin/nvcc exists the CUDA targets are built too.
 set -euo pipefail
-pkgs=(cmake make g++ clang libopenmpi-dev openmpi-bin doctest-dev)
+# libclang-rt-14-dev: libFuzzer and the sanitizer runtimes for clang (only recommended by clang-14).
+pkgs=(cmake make g++ clang libclang-rt-14-dev libopenmpi-dev openmpi-bin doctest-dev libeigen3-dev zlib1g-dev dataset-fashion-mnist)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
