@@ -27,13 +27,13 @@ cmake --build "$out/asan" -j"$jobs" --target gflow_tests $(cmake --build "$out/a
 ctest --test-dir "$out/asan" --output-on-failure -R '^unit$'
 ASAN_OPTIONS=detect_leaks=0 ctest --test-dir "$out/asan" --output-on-failure -R '^mpi_'
 
-step "libFuzzer: kept corpora, then ${GFLOW_FUZZ_SECONDS:-20} s per target (sparse decode, gTop-k merge, layout .tsv)"
-GFLOW_FUZZ_BUILD="$out/fuzz" bash "$root/scripts/fuzz.sh" "${GFLOW_FUZZ_SECONDS:-20}"
+step "libFuzzer: kept corpora, then ${GFLOW_FUZZ_SECONDS:-10} s per target (sparse decode, gTop-k merge, layout .tsv)"
+GFLOW_FUZZ_BUILD="$out/fuzz" bash "$root/scripts/fuzz.sh" "${GFLOW_FUZZ_SECONDS:-10}"
 
 step "TSan: threaded parts"
 cmake -S "$root" -B "$out/tsan" -DCMAKE_BUILD_TYPE=Debug -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_BUILD_BENCH=OFF \
   -DGFLOW_BUILD_EXAMPLES=OFF -DGFLOW_SANITIZE=thread >/dev/null
-cmake --build "$out/tsan" -j"$jobs" --target gflow_tests
-TSAN_OPTIONS="halt_on_error=1" ctest --test-dir "$out/tsan" --output-on-failure -R '^unit$'
+cmake --build "$out/tsan" -j"$jobs" --target gflow_threaded_tests
+TSAN_OPTIONS="halt_on_error=1" ctest --test-dir "$out/tsan" --output-on-failure -R '^unit_threaded$'
 
 step "all test stages passed"
