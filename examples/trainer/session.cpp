@@ -92,6 +92,7 @@ struct session::impl {
   // peels unaligned leading elements into a scalar path that sums in another order, and the
   // pool's alignment varies from run to run with the heap, so runs were not reproducible.
   Vec gb1, gb2, gb3;
+  std::vector<std::uint8_t> labels;  // the batch's labels (kept: no allocation per iteration)
   std::vector<float> losses;  // per iteration, this rank
   std::FILE* csv = nullptr;
   double final_acc = 0, total_seconds = 0, total_bytes = 0, last_bytes = 0, total_iters = 0, last_iters = 0;
@@ -164,8 +165,9 @@ float session::train_batch(int epoch, std::size_t it, std::span<const float> par
   const std::size_t B = s.o.batch;
   const std::uint32_t* idx = s.order.data() + it * B;
   fill_batch(s.data.train_images, idx, B, s.x);
-  std::vector<std::uint8_t> y(B);
-  for (std::size_t j = 0; j < B; ++j) y[j] = s.data.train_labels[idx[j]];
+  s.labels.resize(B);
+  const std::uint8_t* y = s.labels.data();
+  for (std::size_t j = 0; j < B; ++j) s.labels[j] = s.data.train_labels[idx[j]];
 
   const float* p = params.data();
   const CMapM W1(p + s.off[0], h1, in_dim), W2(p + s.off[2], h2, h1), W3(p + s.off[4], classes, h2);
@@ -179,7 +181,7 @@ float session::train_batch(int epoch, std::size_t it, std::span<const float> par
   s.a2 = s.z2.cwiseMax(0.0f);
   s.z3.noalias() = W3 * s.a2;
   s.z3.colwise() += b3;
-  const double loss = softmax_xent(s.z3, y.data(), nullptr) / static_cast<double>(B);
+  const double loss = softmax_xent(s.z3, y, nullptr) / static_cast<double>(B);
   // backward, last layer first; each gradient goes straight into its view, then ready(i)
   s.d3 = s.z3;  // softmax probabilities
   for (std::size_t j = 0; j < B; ++j) s.d3(y[j], static_cast<Eigen::Index>(j)) -= 1.0f;

@@ -85,7 +85,7 @@ class stream_hash {
   }
 
  private:
-  static constexpr std::uint64_t prime = 1099511628211ull;
+  static constexpr std::uint64_t prime = fnv_prime;  // FNV-1a's, as in fingerprint.hpp
   static std::uint64_t load(const unsigned char* p) noexcept {
     std::uint64_t w = 0;
     for (int i = 7; i >= 0; --i) w = (w << 8) | p[i];

@@ -16,12 +16,13 @@
 namespace gflow::detail {
 
 inline constexpr std::uint64_t fnv_offset = 14695981039346656037ull;
+inline constexpr std::uint64_t fnv_prime = 1099511628211ull;
 
 constexpr std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = fnv_offset) noexcept {
   const auto* p = static_cast<const unsigned char*>(data);
   for (std::size_t i = 0; i < n; ++i) {
     h ^= p[i];
-    h *= 1099511628211ull;
+    h *= fnv_prime;
   }
   return h;
 }
