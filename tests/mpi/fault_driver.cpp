@@ -73,8 +73,8 @@ int scenario_never(MPI_Comm comm, std::chrono::milliseconds timeout) {
   fill_and_ready(ex, 2);
   if (me == late) std::this_thread::sleep_for(timeout + t.grace() + std::chrono::milliseconds(1500));
   run_reporting(me, [&] { fill_and_ready(ex, 1); });
-  // Every rank has now started that bucket's all_reduce (non-blocking, never waited for again):
-  // it completes while the ranks meet in this barrier, so MPI finalizes cleanly.
+  // Every rank has now started that bucket's all_reduce on its issuing thread (the callers gave
+  // up on it): it completes once the late rank joins, so MPI finalizes cleanly.
   MPI_Barrier(MPI_COMM_WORLD);
   return 0;
 }
@@ -88,11 +88,10 @@ int scenario_stuck(MPI_Comm comm, std::chrono::milliseconds timeout) {
     // Starts later than the others, so it is still waiting when they time out and ask.
     std::this_thread::sleep_for(t.grace() + std::chrono::milliseconds(300));
     run_reporting(me, [&] { t.recv(buf.data(), buf.size(), 0); });
-    // Complete the collective the others abandoned, so that MPI can finalize (non-blocking, as
-    // theirs: MPI never matches a blocking collective with a non-blocking one).
-    MPI_Request r = MPI_REQUEST_NULL;
-    MPI_Iallreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, MPI_SUM, comm, &r);
-    MPI_Wait(&r, MPI_STATUS_IGNORE);
+    // Complete the collective the others abandoned (their issuing threads are still in it), so
+    // that MPI can finalize. Blocking, as theirs: MPI never matches a blocking collective with a
+    // non-blocking one.
+    MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, MPI_SUM, comm);
   } else {
     run_reporting(me, [&] { t.all_reduce(buf.data(), buf.size(), gflow::reduce_op::sum); });
   }

@@ -26,29 +26,33 @@
 // buffers kept alive until then. Waiting on a default-constructed request is a no-op.
 //
 // Timeouts (Horovod's stall inspector idea). Every blocking wait (the blocking collectives,
-// send, recv, barrier, split, wait(request)) is bounded by timeout() when it is non-zero: the
-// operation is started non-blocking and completed by polling MPI_Test until the deadline. On
-// expiry the rank asks every other rank (point to point: the peer), over a duplicate of the
-// communicator kept for this, how many collectives it has started and what it is waiting in;
-// ranks that are themselves waiting in gflow answer at once, and a grace period later
-// (timeout / 5, clamped to [100 ms, 5 s]) gflow::timeout_error names the operation, its number
-// and the ranks that did not arrive: those that answered from an earlier point and those that
-// did not answer at all (computing outside gflow, stuck, or exited). The rank that gives up
-// tells the others, so ranks waiting in the same collective fail at once instead of each
-// waiting out its own timeout. MPI cannot cancel a collective: after a timeout the transport
-// (and copies sharing its communicator) refuses every further operation with transport_error;
-// destroy it and restart the job (or its failed ranks).
+// send, recv, barrier, split, wait(request)) is bounded by timeout() when it is non-zero. A
+// blocking collective (all_reduce, all_gather, broadcast, reduce, barrier) is the blocking MPI
+// call, made on the transport's issuing thread (call_thread.hpp) while the calling thread sleeps
+// until it returns or the deadline passes; point-to-point operations and wait(request) poll
+// MPI_Test. On expiry the rank asks every other rank (point to point: the peer), over a
+// duplicate of the communicator kept for this, how many collectives it has started and what it
+// is waiting in; ranks that are themselves waiting in gflow answer within a few milliseconds,
+// and a grace period later (timeout / 5, clamped to [100 ms, 5 s]) gflow::timeout_error names
+// the operation, its number and the ranks that did not arrive: those that answered from an
+// earlier point and those that did not answer at all (computing outside gflow, stuck, or
+// exited). The rank that gives up tells the others, so ranks waiting in the same collective fail
+// at once instead of each waiting out its own timeout. MPI cannot cancel a collective: after a
+// timeout the issuing thread stays blocked in it, and the transport (and copies sharing its
+// communicator) refuses every further operation with transport_error; destroy it and restart
+// the job (or its failed ranks).
 //   The timeout comes from the constructor or set_timeout(); a transport made without one uses
-// default_timeout (10 minutes). Every rank must agree on whether timeouts are
-// on: MPI never matches a blocking collective with a non-blocking one, so a rank with 0 and a rank
-// with a timeout never meet (the timed one reports the other as not answering).
-//   Cost, measured on Open MPI 4.1 shared memory (docs/DESIGN.md has the figures): on the
-// exchange benchmark (resnet50, 4 ranks, 4 MiB buckets) the polled path was no slower than the
-// blocking one (median of 7 runs each: 400 ms vs 424 ms, within this machine's noise); what it
-// costs is latency on tiny messages (a 1 KiB all_reduce on 2 ranks: 3.8 us instead of 2.1 us).
-// Unlike starting every bucket and waiting later (1.9x slower: nothing progresses the
-// collectives meanwhile), polling right away keeps MPI progressing, so timeouts are on by
-// default. A timeout of 0 restores the plain blocking calls (latency-bound jobs of tiny messages).
+// default_timeout (10 minutes). Because the timed and the untimed path make the same blocking
+// calls, ranks may differ in their timeouts.
+//   Why a thread (docs/DESIGN.md "Timeouts" has the figures): Open MPI's non-blocking
+// collectives (libnbc) are slower than its tuned blocking ones — polling MPI_Iallreduce made
+// the exchange benchmark 1.1-1.8x slower than a hand-written loop of MPI_Allreduce — and a
+// blocking call cannot be bounded on the thread that makes it. The hand-off costs two thread
+// wake-ups per collective (microseconds); the waiting thread takes no CPU. It needs
+// MPI_THREAD_MULTIPLE (gflow::mpi::environment asks for it): the stall inspector talks on the
+// control communicator while the issuing thread is inside the collective. Where MPI provides
+// less, timed collectives fall back to the non-blocking call polled with MPI_Test (correct, and
+// slower).
 //   Constructing a transport (and split) is a collective over its communicator: it duplicates
 // the communicator for the stall inspector's messages (MPI_Comm_idup, bounded by the timeout).
 
@@ -82,6 +86,7 @@
 #include "../error.hpp"
 #include "../detail/timeout.hpp"
 #include "../kernels/cast.hpp"
+#include "call_thread.hpp"
 #include "transport.hpp"
 
 namespace gflow::mpi {
@@ -276,11 +281,17 @@ struct comm_state {
     std::unique_ptr<std::uint64_t[]> buf;
   };
   std::list<outgoing> sends;  // control messages in flight (their buffers must outlive them)
+  bool thread_multiple = false;  // MPI provides MPI_THREAD_MULTIPLE: timed collectives run on `issuer`
+  std::unique_ptr<gflow::detail::call_thread> issuer;  // made on the first timed blocking collective
+  std::chrono::milliseconds linger{0};                  // the transport's grace period when it was made
 
   comm_state() = default;
   comm_state(const comm_state&) = delete;
   comm_state& operator=(const comm_state&) = delete;
   ~comm_state() {
+    // Joins the issuing thread; one still in a collective abandoned after a timeout gets `linger`
+    // to return (the late ranks may be arriving now), and is detached after that.
+    if (issuer) issuer->shutdown(linger);
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
@@ -410,16 +421,16 @@ class transport {
   [[nodiscard]] std::uint64_t collectives_started() const noexcept { return state_->seq; }
 
   // ---- collectives ----------------------------------------------------------------------------
-  // Without a timeout, the blocking forms are the blocking MPI calls; with one, the non-blocking
-  // call completed by wait(), which polls against the deadline.
+  // The blocking forms are the blocking MPI calls, made on the issuing thread when timed (see
+  // blocking()); the i-forms start the non-blocking call, completed by wait().
   template <wire_element T>
   void all_reduce(T* buf, std::size_t n, reduce_op o) {
     const count_t c = count(n, "all_reduce");
     request q = start("all_reduce", dtype_of_v<T>, n);
-    if (!timed()) {
-      check(detail::allreduce(buf, c, detail::datatype<T>(), detail::op<T>(o), comm_), "all_reduce");
-      return;
-    }
+    const MPI_Datatype t = detail::datatype<T>();
+    const MPI_Op mo = detail::op<T>(o);
+    const MPI_Comm m = comm_;
+    if (blocking(q, [=] { return detail::allreduce(buf, c, t, mo, m); })) return;
     check(detail::iallreduce(buf, c, detail::datatype<T>(), detail::op<T>(o), comm_, &q.r), "all_reduce");
     wait(q);
   }
@@ -436,10 +447,9 @@ class transport {
   void all_gather(const T* send, T* recv, std::size_t n) {
     const count_t c = count(n, "all_gather");
     request q = start("all_gather", dtype_of_v<T>, n);
-    if (!timed()) {
-      check(detail::allgather(send, recv, c, detail::datatype<T>(), comm_), "all_gather");
-      return;
-    }
+    const MPI_Datatype t = detail::datatype<T>();
+    const MPI_Comm m = comm_;
+    if (blocking(q, [=] { return detail::allgather(send, recv, c, t, m); })) return;
     check(detail::iallgather(send, recv, c, detail::datatype<T>(), comm_, &q.r), "all_gather");
     wait(q);
   }
@@ -456,10 +466,9 @@ class transport {
     check_peer(root, "root");
     const count_t c = count(n, "broadcast");
     request q = start("broadcast", dtype_of_v<T>, n);
-    if (!timed()) {
-      check(detail::bcast(buf, c, detail::datatype<T>(), root, comm_), "broadcast");
-      return;
-    }
+    const MPI_Datatype t = detail::datatype<T>();
+    const MPI_Comm m = comm_;
+    if (blocking(q, [=] { return detail::bcast(buf, c, t, root, m); })) return;
     check(detail::ibcast(buf, c, detail::datatype<T>(), root, comm_, &q.r), "broadcast");
     wait(q);
   }
@@ -481,10 +490,10 @@ class transport {
     const bool me = rank_ == root;
     const void* send = me ? MPI_IN_PLACE : static_cast<const void*>(buf);
     void* recv = me ? static_cast<void*>(buf) : nullptr;
-    if (!timed()) {
-      check(detail::reduce(send, recv, c, detail::datatype<T>(), detail::op<T>(o), root, comm_), "reduce");
-      return;
-    }
+    const MPI_Datatype t = detail::datatype<T>();
+    const MPI_Op mo = detail::op<T>(o);
+    const MPI_Comm m = comm_;
+    if (blocking(q, [=] { return detail::reduce(send, recv, c, t, mo, root, m); })) return;
     check(detail::ireduce(send, recv, c, detail::datatype<T>(), detail::op<T>(o), root, comm_, &q.r), "reduce");
     wait(q);
   }
@@ -502,10 +511,8 @@ class transport {
 
   void barrier() {
     request q = start("barrier", dtype::u8, 0);
-    if (!timed()) {
-      check(MPI_Barrier(comm_), "barrier");
-      return;
-    }
+    const MPI_Comm m = comm_;
+    if (blocking(q, [=] { return MPI_Barrier(m); })) return;
     check(MPI_Ibarrier(comm_, &q.r), "barrier");
     wait(q);
   }
@@ -612,6 +619,9 @@ class transport {
     detail::check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank", "on a new transport");
     detail::check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size", "on a new transport");
     state_ = std::make_shared<detail::comm_state>();
+    int level = MPI_THREAD_SINGLE;
+    detail::check(MPI_Query_thread(&level), "MPI_Query_thread", "on a new transport");
+    state_->thread_multiple = level >= MPI_THREAD_MULTIPLE;
     // The control communicator. MPI writes the handle when the idup completes, so on a timeout
     // its target is leaked rather than freed under MPI's feet.
     auto* ctl = new MPI_Comm(MPI_COMM_NULL);
@@ -680,6 +690,62 @@ class transport {
     s += std::string(q.op) + "(" + std::to_string(q.count) + " x " + std::string(to_string(q.type));
     if (q.seq == detail::no_seq) s += std::string(q.recv_type != MPI_DATATYPE_NULL ? ", from rank " : ", to rank ") + std::to_string(q.peer);
     return s + ")";
+  }
+
+  // Runs a blocking collective. Without a timeout: on this thread. With one (and
+  // MPI_THREAD_MULTIPLE): on the transport's issuing thread, while this thread sleeps until it
+  // returns, wakes every service_interval() to answer stall queries and look for a notice that a
+  // rank gave up on this collective, and runs the stall inspector at the deadline. Returns false
+  // (nothing done) when MPI lacks MPI_THREAD_MULTIPLE: the caller then starts the non-blocking
+  // form and polls it (wait_until_deadline), which is correct but slower.
+  template <class Call>
+  bool blocking(request& q, const Call& call) {
+    if (!timed()) {
+      check(call(), q.op);
+      return true;
+    }
+    detail::comm_state& S = *state_;
+    if (!S.thread_multiple) return false;
+    if (!S.issuer) {
+      S.issuer = std::make_unique<gflow::detail::call_thread>();
+      S.linger = grace();
+    }
+    S.issuer->start(call);
+    const auto t0 = clock::now();
+    const auto deadline = t0 + timeout_;
+    S.waiting = {1u, q.seq, detail::op_code(q.op), -1};
+    struct idle {
+      detail::comm_state& s;
+      ~idle() { s.waiting = {}; }
+    } reset{S};
+    auto next_service = t0 + service_interval();
+    for (;;) {
+      int rc = MPI_SUCCESS;
+      if (S.issuer->wait_until(std::min(deadline, next_service), &rc)) {
+        check(rc, q.op);
+        return true;
+      }
+      const auto now = clock::now();
+      if (now >= next_service) {
+        S.serve();
+        if (const detail::notice* g = S.gave_up_on(q.seq)) {
+          S.issuer->abandon();
+          fail_after_notice(q, *g, now - t0);
+        }
+        next_service = now + service_interval();
+      }
+      if (now >= deadline) {
+        S.issuer->abandon();
+        stall(q);
+      }
+    }
+  }
+
+  // How often a rank waiting on its issuing thread answers stall queries: well inside the grace
+  // period other ranks give it (>= 100 ms), rarely enough to cost nothing (a collective that
+  // completes within it never wakes the waiting thread early).
+  [[nodiscard]] std::chrono::milliseconds service_interval() const noexcept {
+    return std::clamp<std::chrono::milliseconds>(grace() / 10, std::chrono::milliseconds(1), std::chrono::milliseconds(10));
   }
 
   // Polls q until it completes or the deadline passes. Every millisecond it also answers other
