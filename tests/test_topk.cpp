@@ -1126,6 +1126,37 @@ TEST_CASE("conservation: fed = applied + residual over 1000+ random iterations, 
   CHECK(iters >= 1000);
 }
 
+TEST_CASE("in-process: units above the sampling size (the one-pass selection) equal the brute-force references bitwise") {
+  auto l = Layout::from_sizes({40000, 9000, 30000, 1500});  // 80500 elements
+  for (double d : {0.001, 0.01}) {
+    CAPTURE(d);
+    check_against_reference<Exchanger<Sparsifier<TopK<0.01>>>>(3, l, 3, 0, d);
+    check_against_reference<Exchanger<Sparsifier<GTopK<0.01>>>>(4, l, 3, 0, d);
+  }
+  check_against_reference<Exchanger<Sparsifier<TopK<0.01>>>>(2, l, 2, 1, 0.01);  // ties
+  check_against_reference<Exchanger<Sparsifier<GTopK<0.01>>>>(3, l, 2, 1, 0.01);
+  check_against_reference<Exchanger<Sparsifier<TopK<0.01>>, Fusion<160000>>>(3, l, 2, 0, 0.01, 160000);  // per bucket
+  check_against_reference<Exchanger<Sparsifier<GTopK<0.01>>, Fusion<160000>, Precision<wire::fp16>>>(3, l, 2, 0, 0.01, 160000);
+  check_against_reference<Exchanger<Sparsifier<TopK<0.01>>, Precision<wire::bf16>>>(2, l, 2, 0, 0.005);
+}
+
+TEST_CASE_TEMPLATE("engine: the one-pass selection runs on large units and leaves the pool untouched until the result", S, TopK<0.01>, GTopK<0.01>) {
+  auto l = Layout::from_sizes({40000, 9000, 30000, 1500});
+  const std::size_t n = l.total_numel();
+  mock::transport m(1, 0);
+  on_mock<Exchanger<Sparsifier<S>>> ex(m, l);
+  for (int it = 0; it < 3; ++it) {
+    for (std::size_t i = 0; i < n; ++i) ex.pool_data()[i] = grad(0, 0, i, it);
+    for (std::size_t i = 0; i + 1 < l.size(); ++i) ex.ready(i);
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(ex.pool_data()[i] == grad(0, 0, i, it));  // the buckets before the last wait
+    ex.ready(l.size() - 1);
+    (void)ex.finish();
+    const auto p = ex.sparsifier().paths();
+    CHECK(p.candidates == 1);
+    CHECK(p.full + p.too_few + p.overflow == 0);
+  }
+}
+
 // ---- edge cases ----------------------------------------------------------------------------------
 
 TEST_CASE_TEMPLATE("edge cases: k >= n exchanges everything (dense sum), k = 1, all-zero gradients", S, TopK<1.0>, GTopK<1.0>) {
@@ -1425,5 +1456,35 @@ TEST_CASE_TEMPLATE("an iteration allocates nothing (mock transport, reserved log
     CHECK(count_iterations(ex, m, 6) == 0);
     ex.sparsifier().set_index_bytes(8);
     CHECK(count_iterations(ex, m, 2) == 0);
+  }
+}
+
+TEST_CASE_TEMPLATE("an iteration allocates nothing on the one-pass path either (units above the sampling size)", S, TopK<0.01>, GTopK<0.01>) {
+  auto l = Layout::from_sizes({1000, 40000, 257, 30000, 77});
+  auto count_iterations = [&](auto& ex, mock::transport& m, int iters) {
+    m.calls().records.reserve(10000);
+    gflow_test::g_allocs = 0;
+    gflow_test::g_counting = true;
+    for (int it = 0; it < iters; ++it) {
+      for (std::size_t i = 0; i < l.size(); ++i) ex.ready(i);
+      (void)ex.finish();
+    }
+    gflow_test::g_counting = false;
+    return gflow_test::g_allocs.load();
+  };
+  {
+    mock::transport m(6, 0);
+    on_mock<Exchanger<Sparsifier<S>, Fusion<80000>, Precision<wire::fp16>>> ex(m, l);
+    for (std::size_t i = 0; i < l.total_numel(); ++i) ex.pool_data()[i] = grad(0, 0, i, 0);
+    CHECK(count_iterations(ex, m, 3) == 0);
+    CHECK(ex.sparsifier().paths().candidates > 0);
+  }
+  {
+    mock::transport m(5, 4);
+    on_mock<Exchanger<Sparsifier<S>>> ex(m, l);
+    for (std::size_t i = 0; i < l.total_numel(); ++i) ex.pool_data()[i] = grad(0, 1, i, 1);
+    ex.sparsifier().set_schedule(plan::density_schedule::per_iteration({{2, 0.6}, {4, 0.05}}, 0.001));  // 0.6: not sampled; then sampled
+    CHECK(count_iterations(ex, m, 6) == 0);
+    CHECK(ex.sparsifier().paths().candidates == 1);
   }
 }
