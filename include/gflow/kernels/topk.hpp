@@ -191,8 +191,8 @@ std::size_t select_topk(const float* v, std::size_t n, std::size_t k, std::uint6
 //       expected to reach it);
 //   (b) one pass computes and stores G and appends every position whose key is >= t to a
 //       candidate list of bounded capacity, in increasing order (AVX2 compare + movemask where
-//       the CPU has it, chosen once per process; the scalar twin elsewhere; the same float
-//       addition g + res either way);
+//       the CPU has it, chosen once per process; the scalar twin elsewhere, or everywhere when
+//       GFLOW_NO_AVX2 is defined; the same float addition g + res either way);
 //   (c) radix_threshold_keys over the candidates' keys; the candidates above the threshold and
 //       the first `take` at it are emitted in index order.
 // Why (c) equals the full selection: the list holds EVERY element with key >= t (the pass never
@@ -402,7 +402,10 @@ __attribute__((target("avx2"))) std::size_t gather_avx2(const float* g, float* v
 }
 
 inline bool cpu_has_avx2() noexcept {
-  static const bool has = __builtin_cpu_supports("avx2");
+  static const bool has = [] {
+    __builtin_cpu_init();  // in case the first call comes from a static constructor
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
   return has;
 }
 #endif
