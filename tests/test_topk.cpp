@@ -1,7 +1,8 @@
 // Sparsifier<TopK<d>> and Sparsifier<GTopK<d>>: density schedules, the gTop-k tree, Table I,
 // the host kernels against brute force, what goes on the wire (mock), results against
 // brute-force references of the same semantics on 1..16 in-process ranks, conservation over
-// 1000+ random iterations, edge cases and bad input (including malformed received messages).
+// 1000+ random iterations, edge cases and bad input (including malformed received messages);
+// the one-pass selection (accumulate_select_topk) against the composition it replaces.
 #include <doctest/doctest.h>
 
 #include <gflow/exchanger.hpp>
@@ -437,6 +438,257 @@ TEST_CASE("take_selected: fp32 residual exactly 0; 16-bit residual keeps the rou
   CHECK(k_::to_float(out16[4]) == 35008.0f);  // 35000 rounds to the fp16 grid (spacing 32)
   CHECK(res[5] == -16.0f);                    // 70000 - 2 * 35008: the rounding error is kept
 }
+
+// ---- the one-pass top-k (accumulate_select_topk) ------------------------------------------------
+
+namespace {
+/// accumulate_select_topk on copies of (g, r) against the composition it replaces (accumulate_residual
+/// into pool and residual, then select_topk over the pool): the same indices, the same residual
+/// bits, g untouched; select_topk_sampled over G agrees too. Returns the path taken.
+template <class I = std::uint64_t>
+k_::topk_path check_onepass(const std::vector<float>& g, const std::vector<float>& r, std::size_t k, std::uint64_t base, k_::topk_workspace& ws) {
+  const std::size_t n = g.size();
+  std::vector<float> pool = g, res_old = r;
+  k_::accumulate_residual(pool.data(), res_old.data(), n);
+  std::vector<std::uint32_t> scratch(n);
+  std::vector<I> want(std::min(k, n) + 1, I{7}), got = want, got2 = want;
+  const std::size_t wc = k_::select_topk(pool.data(), n, k, base, want.data(), scratch.data());
+  std::vector<float> gin = g, res = r;
+  const auto sel = k_::accumulate_select_topk(gin.data(), res.data(), n, k, base, got.data(), ws);
+  CAPTURE(n);
+  CAPTURE(k);
+  CAPTURE(static_cast<int>(sel.path));
+  CHECK(sel.count == wc);
+  CHECK(got == want);  // same indices, same order, nothing written past the count
+  CHECK(same_bits(res, res_old));
+  CHECK(same_bits(gin, g));
+  const auto sel2 = k_::select_topk_sampled(res.data(), n, k, base, got2.data(), ws);
+  CHECK(sel2.count == wc);
+  CHECK(got2 == want);
+  CHECK(same_bits(res, res_old));  // only read
+  return sel.path;
+}
+
+/// n values of one kind: 0 spread magnitudes, 1 a tiny set (many ties), 2 all equal, 3 signed zeros,
+/// 4 random with inf / -inf / NaN mixed in, 5 any bits. `res` makes the residual's share (finite:
+/// an engine's residual never holds inf / NaN).
+std::vector<float> onepass_values(std::mt19937_64& rng, std::size_t n, int mode, bool res) {
+  std::vector<float> v(n);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (auto& x : v) {
+    switch (mode) {
+      case 0: x = std::ldexp(static_cast<float>(rng() % 200001) - 100000.0f, -static_cast<int>(rng() % 24) - (res ? 3 : 0)); break;
+      case 1: x = res ? 0.5f * static_cast<float>(static_cast<int>(rng() % 3) - 1) : static_cast<float>(static_cast<int>(rng() % 5) - 2); break;
+      case 2: x = res ? 0.0f : 0.75f; break;
+      case 3: x = (rng() % 2) ? -0.0f : 0.0f; break;
+      case 4: {
+        const auto u = rng() % 1000;
+        x = (!res && u == 0) ? inf : (!res && u == 1) ? -inf : (!res && u == 2) ? std::nanf("") : static_cast<float>(static_cast<std::int64_t>(rng() % 2001) - 1000) / 64.0f;
+        break;
+      }
+      default: {  // any bits; the residual finite, as the engine's always is (see below for NaN + NaN)
+        x = std::bit_cast<float>(static_cast<std::uint32_t>(rng()));
+        if (res && !std::isfinite(x)) x = 0.0f;
+        break;
+      }
+    }
+  }
+  return v;
+}
+
+/// Marks the positions plan_topk_sample(n, k) samples.
+std::vector<char> sampled_positions(std::size_t n, std::size_t k) {
+  const auto p = k_::plan_topk_sample(n, k);
+  std::vector<char> s(n, 0);
+  for (std::size_t r = 0; r < p.runs; ++r)
+    for (std::size_t j = 0; j < k_::topk_sample_plan::run; ++j) s[p.run_start(r) + j] = 1;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("plan_topk_sample: runs inside their strides, rank and capacity in range, full selection where sampling does not pay") {
+  for (std::size_t n : {std::size_t{16384}, std::size_t{20000}, std::size_t{262147}, std::size_t{25'600'000}}) {
+    for (double d : {0.0001, 0.001, 0.01, 0.1, 0.3}) {
+      const std::size_t k = plan::k_for(d, n);
+      const auto p = k_::plan_topk_sample(n, k);
+      CAPTURE(n);
+      CAPTURE(d);
+      REQUIRE(p.runs > 0);
+      CHECK(p.samples() <= 32768);
+      CHECK(p.rank >= 1);
+      CHECK(2 * p.rank <= p.samples());
+      CHECK(p.capacity > k);
+      CHECK(p.capacity <= n);
+      for (std::size_t r = 0; r < p.runs; ++r) {
+        CHECK(p.run_start(r) >= r * p.stride);
+        CHECK(p.run_start(r) + k_::topk_sample_plan::run <= (r + 1) * p.stride);
+      }
+    }
+  }
+  CHECK(k_::plan_topk_sample(16383, 100).runs == 0);      // small unit
+  CHECK(k_::plan_topk_sample(1 << 20, 1 << 19).runs == 0);  // density 0.5: the candidates would be most of it
+  CHECK(k_::plan_topk_sample(1 << 20, 1 << 20).runs == 0);  // k = n
+  CHECK(k_::plan_topk_sample(1 << 20, 0).runs == 0);
+}
+
+TEST_CASE("accumulate_select_topk equals accumulate_residual + select_topk bit for bit: densities, k = 1, n - 1, n, ties, zeros, non-finite") {
+  std::mt19937_64 rng(2024);
+  k_::topk_workspace ws;
+  std::map<k_::topk_path, int> seen;
+  // small units (the full selection), every k
+  ws.reserve(100, 100);
+  for (std::size_t n = 1; n <= 100; ++n) {
+    const int mode = static_cast<int>(n % 6);
+    const auto g = onepass_values(rng, n, mode, false), r = onepass_values(rng, n, mode, true);
+    for (std::size_t k : {std::size_t{0}, std::size_t{1}, n / 2 + 1, n - 1, n, n + 3}) ++seen[check_onepass(g, r, k, n * 3, ws)];
+  }
+  CHECK(seen[k_::topk_path::candidates] == 0);
+  // units where sampling pays, every kind of value, densities 0.001 .. 0.5, k = 1, n - 1, n
+  for (std::size_t n : {std::size_t{16384}, std::size_t{50021}, std::size_t{262147}}) {
+    ws.reserve(n, n);
+    for (int mode = 0; mode < 6; ++mode) {
+      const auto g = onepass_values(rng, n, mode, false), r = onepass_values(rng, n, mode, true);
+      for (double d : {0.001, 0.01, 0.1, 0.5}) ++seen[check_onepass(g, r, plan::k_for(d, n), 1000, ws)];
+      for (std::size_t k : {std::size_t{1}, n - 1, n}) ++seen[check_onepass(g, r, k, 0, ws)];
+      ++seen[check_onepass<std::uint32_t>(g, r, plan::k_for(0.01, n), 5, ws)];
+    }
+  }
+  // a few million elements
+  {
+    const std::size_t n = 3'000'017;
+    ws.reserve(n, n);
+    for (int mode : {0, 1, 4}) {
+      const auto g = onepass_values(rng, n, mode, false), r = onepass_values(rng, n, mode, true);
+      for (double d : {0.001, 0.01}) {
+        CAPTURE(mode);
+        const auto path = check_onepass(g, r, plan::k_for(d, n), 0, ws);
+        ++seen[path];
+        if (mode != 1) CHECK(path == k_::topk_path::candidates);
+      }
+    }
+  }
+  CHECK(seen[k_::topk_path::candidates] > 20);
+  CHECK(seen[k_::topk_path::full] > 0);
+}
+
+TEST_CASE("accumulate_select_topk: NaN + NaN (never in an engine) still selects exactly on the G it stores") {
+  // Which operand's payload x86 returns for NaN + NaN depends on the operand order the compiler
+  // picked (accumulate_residual's own vector body and tail differ), so only self-consistency holds.
+  std::mt19937_64 rng(5);
+  const std::size_t n = 70001;
+  k_::topk_workspace ws;
+  ws.reserve(n, n);
+  for (double d : {0.001, 0.01, 0.6}) {
+    std::vector<float> g(n), r(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      g[i] = std::bit_cast<float>(static_cast<std::uint32_t>(rng()));
+      r[i] = (i % 97 == 0) ? std::bit_cast<float>(0xffc00000u | static_cast<std::uint32_t>(rng() % 4096)) : std::bit_cast<float>(static_cast<std::uint32_t>(rng()));
+    }
+    const std::size_t k = plan::k_for(d, n);
+    std::vector<float> res = r;
+    std::vector<std::uint64_t> got(k), want(k);
+    std::vector<std::uint32_t> scratch(n);
+    const auto sel = k_::accumulate_select_topk(g.data(), res.data(), n, k, 0, got.data(), ws);
+    CHECK(sel.count == k_::select_topk(res.data(), n, k, 0, want.data(), scratch.data()));
+    CHECK(got == want);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float G = g[i] + r[i];
+      if (std::isnan(g[i]) && std::isnan(r[i])) CHECK(std::isnan(res[i]));
+      else differ += bits(G) != bits(res[i]);
+    }
+    CHECK(differ == 0);
+  }
+}
+
+TEST_CASE("accumulate_select_topk: the sample misjudges both ways and the full selection gives the same result") {
+  std::mt19937_64 rng(7);
+  const std::size_t n = std::size_t{1} << 20;
+  k_::topk_workspace ws;
+  ws.reserve(n, n / 10);
+  for (double d : {0.001, 0.01}) {
+    const std::size_t k = plan::k_for(d, n);
+    const auto sampled = sampled_positions(n, k);
+    CAPTURE(d);
+    std::vector<float> g(n), r(n, 0.0f);
+    SUBCASE("too high: the large values are exactly where the sample looks (fewer than k candidates)") {
+      for (std::size_t i = 0; i < n; ++i) g[i] = sampled[i] ? 100.0f + static_cast<float>(rng() % 64) : static_cast<float>(rng() % 1000) / 1000.0f;
+      CHECK(check_onepass(g, r, k, 0, ws) == k_::topk_path::too_few);
+      // the same through the residual (g = 0: the engine's residual-heavy iterations)
+      CHECK(check_onepass(r, g, k, 0, ws) == k_::topk_path::too_few);
+    }
+    SUBCASE("too low: large values only where the sample does not look, the rest equal (more than the capacity)") {
+      for (std::size_t i = 0; i < n; ++i) g[i] = sampled[i] ? 1.0f : (rng() % 100 == 0 ? -50.0f - static_cast<float>(rng() % 8) : 1.0f);
+      CHECK(check_onepass(g, r, k, 0, ws) == k_::topk_path::overflow);
+    }
+    SUBCASE("too low: nearly every value equal to the threshold") {
+      for (std::size_t i = 0; i < n; ++i) g[i] = rng() % 2000 == 0 ? static_cast<float>(rng() % 1000) / 500.0f : -0.5f;
+      CHECK(check_onepass(g, r, k, 0, ws) == k_::topk_path::overflow);
+      std::fill(g.begin(), g.end(), 0.25f);  // all equal: the k lowest indices
+      CHECK(check_onepass(g, r, k, 0, ws) == k_::topk_path::overflow);
+      std::vector<std::uint64_t> out(k);
+      std::vector<float> res = r;
+      (void)k_::accumulate_select_topk(g.data(), res.data(), n, k, 0, out.data(), ws);
+      CHECK(out.back() == k - 1);
+    }
+  }
+}
+
+TEST_CASE("accumulate_select_topk: the workspace's capacity covers smaller densities; a smaller workspace only costs time") {
+  std::mt19937_64 rng(11);
+  const std::size_t n = 300'007;
+  const auto g = onepass_values(rng, n, 0, false), r = onepass_values(rng, n, 0, true);
+  {
+    k_::topk_workspace ws;
+    ws.reserve(n, n / 2);  // density 0.5 itself is not sampled; 0.001 is, with this workspace
+    CHECK(check_onepass(g, r, plan::k_for(0.001, n), 0, ws) == k_::topk_path::candidates);
+    CHECK(check_onepass(g, r, plan::k_for(0.1, n), 0, ws) == k_::topk_path::candidates);
+  }
+  {
+    k_::topk_workspace ws;
+    ws.reserve(n, 1);  // candidates for k = 1 only
+    CHECK(check_onepass(g, r, plan::k_for(0.05, n), 0, ws) != k_::topk_path::candidates);
+    CHECK(check_onepass(g, r, 1, 0, ws) == k_::topk_path::candidates);
+  }
+}
+
+#if defined(GFLOW_TOPK_AVX2)
+TEST_CASE("the gathering pass: AVX2 and the scalar twin append the same candidates and store the same G, capacity included") {
+  if (!k_::detail::cpu_has_avx2()) return;
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::size_t n = rng() % 3000;
+    const int mode = trial % 6;
+    const auto g = onepass_values(rng, n, mode, false), r = onepass_values(rng, n, mode, true);
+    const std::uint32_t t = trial % 7 == 0 ? 1u : static_cast<std::uint32_t>(rng() % 0x7fffffffu) + 1;
+    const std::size_t cap = trial % 3 == 0 ? n + 1 : rng() % (n / 4 + 2);
+    const std::uint64_t pos0 = rng() % 100;
+    std::vector<std::uint64_t> c1(cap + 1, 9), c2 = c1;
+    std::vector<std::uint32_t> k1(cap + 1, 9), k2 = k1;
+    std::vector<float> v1 = r, v2 = r;
+    CAPTURE(trial);
+    std::size_t a = 0, b = 0;
+    if (trial % 2 == 0) {
+      a = k_::detail::gather_scalar<true>(g.data(), v1.data(), n, t, pos0, c1.data(), k1.data(), cap);
+      b = k_::detail::gather_avx2<true>(g.data(), v2.data(), n, t, pos0, c2.data(), k2.data(), cap);
+    } else {
+      a = k_::detail::gather_scalar<false>(v1.data(), v1.data(), n, t, pos0, c1.data(), k1.data(), cap);
+      b = k_::detail::gather_avx2<false>(v2.data(), v2.data(), n, t, pos0, c2.data(), k2.data(), cap);
+    }
+    CHECK(a == b);
+    CHECK(c1 == c2);
+    CHECK(k1 == k2);
+    CHECK(same_bits(v1, v2));
+    // what the pass must find: every key >= t in index order, up to the capacity
+    std::vector<float> G = r;
+    if (trial % 2 == 0) k_::accumulate_into_residual(g.data(), G.data(), n);
+    CHECK(same_bits(v1, G));
+    std::size_t want = 0;
+    for (std::size_t i = 0; i < n; ++i) want += k_::magnitude_key(G[i]) >= t;
+    CHECK(a == (want > cap ? cap + 1 : want));
+  }
+}
+#endif
 
 TEST_CASE_TEMPLATE("pack / unpack_checked round trip and every rejection", I, std::uint32_t, std::uint64_t) {
   const std::size_t k = 5;
@@ -874,6 +1126,37 @@ TEST_CASE("conservation: fed = applied + residual over 1000+ random iterations, 
   CHECK(iters >= 1000);
 }
 
+TEST_CASE("in-process: units above the sampling size (the one-pass selection) equal the brute-force references bitwise") {
+  auto l = Layout::from_sizes({40000, 9000, 30000, 1500});  // 80500 elements
+  for (double d : {0.001, 0.01}) {
+    CAPTURE(d);
+    check_against_reference<Exchanger<Sparsifier<TopK<0.01>>>>(3, l, 3, 0, d);
+    check_against_reference<Exchanger<Sparsifier<GTopK<0.01>>>>(4, l, 3, 0, d);
+  }
+  check_against_reference<Exchanger<Sparsifier<TopK<0.01>>>>(2, l, 2, 1, 0.01);  // ties
+  check_against_reference<Exchanger<Sparsifier<GTopK<0.01>>>>(3, l, 2, 1, 0.01);
+  check_against_reference<Exchanger<Sparsifier<TopK<0.01>>, Fusion<160000>>>(3, l, 2, 0, 0.01, 160000);  // per bucket
+  check_against_reference<Exchanger<Sparsifier<GTopK<0.01>>, Fusion<160000>, Precision<wire::fp16>>>(3, l, 2, 0, 0.01, 160000);
+  check_against_reference<Exchanger<Sparsifier<TopK<0.01>>, Precision<wire::bf16>>>(2, l, 2, 0, 0.005);
+}
+
+TEST_CASE_TEMPLATE("engine: the one-pass selection runs on large units and leaves the pool untouched until the result", S, TopK<0.01>, GTopK<0.01>) {
+  auto l = Layout::from_sizes({40000, 9000, 30000, 1500});
+  const std::size_t n = l.total_numel();
+  mock::transport m(1, 0);
+  on_mock<Exchanger<Sparsifier<S>>> ex(m, l);
+  for (int it = 0; it < 3; ++it) {
+    for (std::size_t i = 0; i < n; ++i) ex.pool_data()[i] = grad(0, 0, i, it);
+    for (std::size_t i = 0; i + 1 < l.size(); ++i) ex.ready(i);
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(ex.pool_data()[i] == grad(0, 0, i, it));  // the buckets before the last wait
+    ex.ready(l.size() - 1);
+    (void)ex.finish();
+    const auto p = ex.sparsifier().paths();
+    CHECK(p.candidates == 1);
+    CHECK(p.full + p.too_few + p.overflow == 0);
+  }
+}
+
 // ---- edge cases ----------------------------------------------------------------------------------
 
 TEST_CASE_TEMPLATE("edge cases: k >= n exchanges everything (dense sum), k = 1, all-zero gradients", S, TopK<1.0>, GTopK<1.0>) {
@@ -1173,5 +1456,35 @@ TEST_CASE_TEMPLATE("an iteration allocates nothing (mock transport, reserved log
     CHECK(count_iterations(ex, m, 6) == 0);
     ex.sparsifier().set_index_bytes(8);
     CHECK(count_iterations(ex, m, 2) == 0);
+  }
+}
+
+TEST_CASE_TEMPLATE("an iteration allocates nothing on the one-pass path either (units above the sampling size)", S, TopK<0.01>, GTopK<0.01>) {
+  auto l = Layout::from_sizes({1000, 40000, 257, 30000, 77});
+  auto count_iterations = [&](auto& ex, mock::transport& m, int iters) {
+    m.calls().records.reserve(10000);
+    gflow_test::g_allocs = 0;
+    gflow_test::g_counting = true;
+    for (int it = 0; it < iters; ++it) {
+      for (std::size_t i = 0; i < l.size(); ++i) ex.ready(i);
+      (void)ex.finish();
+    }
+    gflow_test::g_counting = false;
+    return gflow_test::g_allocs.load();
+  };
+  {
+    mock::transport m(6, 0);
+    on_mock<Exchanger<Sparsifier<S>, Fusion<80000>, Precision<wire::fp16>>> ex(m, l);
+    for (std::size_t i = 0; i < l.total_numel(); ++i) ex.pool_data()[i] = grad(0, 0, i, 0);
+    CHECK(count_iterations(ex, m, 3) == 0);
+    CHECK(ex.sparsifier().paths().candidates > 0);
+  }
+  {
+    mock::transport m(5, 4);
+    on_mock<Exchanger<Sparsifier<S>>> ex(m, l);
+    for (std::size_t i = 0; i < l.total_numel(); ++i) ex.pool_data()[i] = grad(0, 1, i, 1);
+    ex.sparsifier().set_schedule(plan::density_schedule::per_iteration({{2, 0.6}, {4, 0.05}}, 0.001));  // 0.6: not sampled; then sampled
+    CHECK(count_iterations(ex, m, 6) == 0);
+    CHECK(ex.sparsifier().paths().candidates == 1);
   }
 }

@@ -13,13 +13,25 @@
 //
 // What one selection does, on a unit of n pool elements — each fused bucket when Fusion is
 // present, else the whole pool once its last bucket is ready:
-//   1. G = residual + g (as each bucket arrives).
+//   1. G = g + residual, stored into the residual (the pool keeps the gradients g until the
+//      result is written: a rejected message leaves it untouched).
 //   2. k = ceil(density * n) (plan::k_for); exact top-k of |G|, ties to the lower index
-//      (kernels/topk.hpp). Values travel in the Precision policy's wire type: with a 16-bit wire
+//      (kernels/topk.hpp). Steps 1 and 2 are one kernel, kernels::accumulate_select_topk: a
+//      sampled threshold, one pass that stores G and gathers the candidates above it, a radix
+//      select among them; the full three-pass selection only when the sample misjudged (same
+//      result either way). Values travel in the Precision policy's wire type: with a 16-bit wire
 //      and averaging they are divided by P before the cast (as the dense path does), and the
 //      rounding error stays in the residual. Indices are pool positions, u32 when the pool has
 //      at most 2^32 elements, else u64 (set_index_bytes overrides, validated).
 //   3. residual = G minus what was sent.
+//   Per unit that is one pass reading g and the residual and writing the residual, one write of
+//   zeros over the unit once every message is validated, and work on k-sized lists (TopK
+//   averages and counts inf / NaN at the union of the received indices only: every other
+//   element is +0, and +0 * (1/P) = +0). Without Fusion the buckets before the last wait:
+//   nothing reads G before the whole pool's selection, so the last bucket's call runs the one
+//   pass over the whole pool; accumulating each bucket as it arrives and then selecting would
+//   read the pool once more. (With an Overlap policy those per-bucket accumulations could have
+//   hidden behind the backward pass; now all of a unit's work follows its last bucket.)
 //   TopK : ONE all_gather of a packed message (header + k indices + k values, as bytes) per rank;
 //          every rank validates all P messages, zeroes the unit and adds them in rank order 0..P-1
 //          (bitwise identical everywhere), then averages (fp32: multiply by 1/P, as Dense does).
@@ -146,11 +158,10 @@ class topk_engine {
     const int P = cx_->transport->size();
     const int rank = cx_->transport->rank();
     const double dmax = schedule_.max();
-    std::size_t kcap = 0, ncap = 0, ktotal = 0, ucap = 0, utotal = 0;
+    std::size_t kcap = 0, ktotal = 0, ucap = 0, utotal = 0;
     auto unit = [&](std::size_t n) {
       const std::size_t k = plan::k_for(dmax, n);
       kcap = std::max(kcap, k);
-      ncap = std::max(ncap, n);
       ktotal += k;
       const std::size_t u = Global ? k : std::min(n, k * static_cast<std::size_t>(P));
       ucap = std::max(ucap, u);
@@ -162,7 +173,12 @@ class topk_engine {
       unit(cx_->pool->total);
     }
     kcap_ = kcap;
-    keys_.assign(ncap, 0u);
+    ws_.release();
+    if (fused_) {
+      for (const auto& b : bks) ws_.reserve(b.count, plan::k_for(dmax, b.count));
+    } else {
+      ws_.reserve(cx_->pool->total, plan::k_for(dmax, cx_->pool->total));
+    }
     selected_.assign(ktotal, 0);
     exchanged_.assign(utotal, 0);
     steps_.clear();
@@ -172,6 +188,7 @@ class topk_engine {
     } else {
       union_a_.assign(ucap, 0);
       union_b_.assign(ucap, 0);
+      decoded_.assign(ucap, 0.0f);
     }
     size_lists();
     const std::size_t mb = kernels::message_bytes(kcap, index_bytes(), sizeof(W));
@@ -190,7 +207,8 @@ class topk_engine {
   void exchange(std::size_t b) {
     if (b == 0) begin_iteration();
     const auto& bk = (*cx_->buckets)[b];
-    kernels::accumulate_residual(cx_->grads + bk.offset, residual_.data() + bk.offset, bk.count);
+    // Without Fusion the earlier buckets wait for the last: its selection accumulates the whole
+    // pool in the same pass (see the header).
     if (fused_) select_and_exchange(bk.offset, bk.count);
     else if (b + 1 == cx_->buckets->size()) select_and_exchange(0, cx_->pool->total);
   }
@@ -317,6 +335,15 @@ class topk_engine {
   /// Merge rounds of GTopK (ceil(log2 P)); 0 for TopK.
   [[nodiscard]] int rounds() const noexcept { return static_cast<int>(steps_.size()); }
 
+  /// How this rank's selections of this iteration ran (kernels::topk_path): the result is the
+  /// same on every path, the time is not. `full`: not sampled (small unit, large density);
+  /// `candidates`: about one pass; `too_few` / `overflow`: the sampled threshold missed and the
+  /// full selection ran as well.
+  struct selection_paths {
+    std::size_t full = 0, candidates = 0, too_few = 0, overflow = 0;
+  };
+  [[nodiscard]] selection_paths paths() const noexcept { return paths_; }
+
  private:
   template <class I>
   topk_lists<I, W>& lists() noexcept {
@@ -341,6 +368,7 @@ class topk_engine {
     exchanged_n_ = 0;
     k_total_ = 0;
     selections_ = 0;
+    paths_ = {};
   }
 
   void select_and_exchange(std::size_t off, std::size_t n) {
@@ -353,11 +381,15 @@ class topk_engine {
     auto& L = lists<I>();
     const std::size_t k = plan::k_for(density_, n);
     const std::size_t mb = kernels::message_bytes(k, sizeof(I), sizeof(W));
-    float* g = cx_->grads;
-    const std::size_t cnt = kernels::select_topk(g + off, n, k, off, L.mine_idx.data(), keys_.data());
-    kernels::take_selected(g, residual_.data(), L.mine_idx.data(), cnt, L.mine_val.data(), scale_, unscale_);
-    // More inf/NaN than the selection holds: the rest must not stay in the residual.
-    if (cnt < n && kernels::selection_all_nonfinite(g, L.mine_idx.data(), cnt)) kernels::clear_nonfinite(residual_.data() + off, n);
+    float* res = residual_.data();  // holds G from here until take_selected
+    const auto sel = kernels::accumulate_select_topk(cx_->grads + off, res + off, n, k, off, L.mine_idx.data(), ws_);
+    count_path(sel.path);
+    const std::size_t cnt = sel.count;
+    // More inf/NaN than the selection holds: the rest must not stay in the residual (decided on
+    // G, before take_selected overwrites the selected elements).
+    const bool drop_nonfinite = cnt < n && kernels::selection_all_nonfinite(res, L.mine_idx.data(), cnt);
+    kernels::take_selected(res, res, L.mine_idx.data(), cnt, L.mine_val.data(), scale_, unscale_);
+    if (drop_nonfinite) kernels::clear_nonfinite(res + off, n);
     for (std::size_t j = 0; j < cnt; ++j) selected_[selected_n_ + j] = static_cast<std::uint64_t>(L.mine_idx[j]);
     selected_n_ += cnt;
     k_total_ += k;
@@ -365,6 +397,15 @@ class topk_engine {
     message_bytes_ = mb;
     if constexpr (Global) run_global<I>(off, n, k, mb, cnt);
     else run_gather<I>(off, n, k, mb, cnt);
+  }
+
+  void count_path(kernels::topk_path p) noexcept {
+    switch (p) {
+      case kernels::topk_path::full: ++paths_.full; break;
+      case kernels::topk_path::candidates: ++paths_.candidates; break;
+      case kernels::topk_path::too_few: ++paths_.too_few; break;
+      case kernels::topk_path::overflow: ++paths_.overflow; break;
+    }
   }
 
   // Puts this rank's own selection back into its residual (the exchange failed).
@@ -411,8 +452,11 @@ class topk_engine {
     }
     std::copy(union_a_.data(), union_a_.data() + ua, exchanged_.data() + exchanged_n_);
     exchanged_n_ += ua;
-    if (!Ctx::narrow && cx_->average) cx_->kernels->scale_in_place(g, n, cx_->mean_scale());  // counts inf / NaN
-    else cx_->kernels->count_nonfinite(g, n);
+    // Only the union's elements can differ from +0 (and +0 * (1/P) = +0): average and count
+    // inf / NaN there.
+    if (!Ctx::narrow && cx_->average) kernels::scale_at(cx_->grads, union_a_.data(), ua, cx_->mean_scale(), decoded_.data());
+    else kernels::gather_at(cx_->grads, union_a_.data(), ua, decoded_.data());
+    cx_->kernels->count_nonfinite(decoded_.data(), ua);
   }
 
   const unsigned char* block(int q, std::size_t mb) const noexcept { return gather_.data() + static_cast<std::size_t>(q) * mb; }
@@ -516,16 +560,17 @@ class topk_engine {
   float scale_ = 1.0f;    // applied before encoding (1/P with a 16-bit wire and averaging)
   float unscale_ = 1.0f;  // its inverse, for residual bookkeeping
   std::vector<float> residual_;
-  std::vector<std::uint32_t> keys_;
+  kernels::topk_workspace ws_;
   std::vector<unsigned char> send_msg_, recv_msg_, bcast_msg_, gather_;
   std::vector<std::uint64_t> selected_, exchanged_, union_a_, union_b_;
-  std::vector<float> decoded_;
+  std::vector<float> decoded_;  // GTopK: the global list's values; TopK: the union's results
   std::vector<plan::tree_step> steps_;
   topk_lists<std::uint32_t, W> l32_;
   topk_lists<std::uint64_t, W> l64_;
   // per iteration
   double density_ = Density;
   std::size_t wire_bytes_ = 0, selected_n_ = 0, exchanged_n_ = 0, k_total_ = 0, selections_ = 0, message_bytes_ = 0;
+  selection_paths paths_{};
 };
 
 }  // namespace detail
