@@ -186,6 +186,122 @@ TEST_CASE("CSC kernels: Algorithm 1 for kept-back chunks (g += hg; hg = m g; poo
   CHECK(pool == p);
 }
 
+namespace {
+// The documented norm order: 8 partial sums in double, lane j mod 8 of the chunk, combined
+// ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), rounded to float once.
+float l1_documented(const float* v, std::size_t m) {
+  double s[8] = {};
+  for (std::size_t j = 0; j < m; ++j) s[j % 8] += std::fabs(double(v[j]));
+  return float(((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
+}
+
+std::vector<float> random_values(std::mt19937_64& rng, std::size_t n, bool specials) {
+  std::vector<float> v(n);
+  std::uniform_real_distribution<float> u(-4, 4);
+  for (auto& x : v) {
+    x = u(rng) * std::ldexp(1.0f, int(rng() % 24) - 12);
+    if (specials && rng() % 50 == 0) {
+      const float sp[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), std::nanf(""), 70000.0f, -1e30f,
+                          3.4e38f, 1e-30f, -0.0f};
+      x = sp[rng() % 8];
+    }
+  }
+  return v;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+}  // namespace
+
+TEST_CASE("CSC kernels: norms in the documented order (8 partial sums), in every kernel that computes them") {
+  std::mt19937_64 rng(3);
+  for (std::size_t C : {1u, 5u, 8u, 13u, 64u, 1000u, 4099u}) {
+    const std::size_t n = 3 * C + C / 2 + 1, chunks = (n + C - 1) / C;
+    CAPTURE(C);
+    const auto pool = random_values(rng, n, false), hist = random_values(rng, n, false);
+    std::vector<std::uint32_t> all(chunks);
+    std::iota(all.begin(), all.end(), 0u);
+    std::vector<float> want(chunks), got(chunks, -1.0f);
+    for (std::size_t c = 0; c < chunks; ++c) want[c] = 0.5f * l1_documented(pool.data() + c * C, std::min(C, n - c * C));
+    kernels::chunk_l1_norms(pool.data(), n, C, all.data(), chunks, got.data(), 0.5f);
+    CHECK(got == want);
+    std::vector<float> back(n, 0.0f);
+    std::fill(got.begin(), got.end(), -1.0f);
+    kernels::scatter_chunks(pool.data(), back.data(), n, C, all.data(), chunks, got.data(), 0.5f);
+    CHECK(got == want);
+    CHECK(back == pool);
+    std::fill(got.begin(), got.end(), -1.0f);
+    CHECK(kernels::scatter_chunks_counted(pool.data(), back.data(), n, C, all.data(), chunks, false, 3.0f, got.data(), 0.5f) == 0);
+    CHECK(got == want);
+    // defer: the norm of g = pool + hist
+    std::vector<float> p = pool, h = hist, g(n);
+    for (std::size_t i = 0; i < n; ++i) g[i] = pool[i] + hist[i];
+    for (std::size_t c = 0; c < chunks; ++c) want[c] = l1_documented(g.data() + c * C, std::min(C, n - c * C));
+    kernels::defer_chunks(p.data(), h.data(), n, C, all.data(), chunks, 0.9f, got.data());
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE("CSC kernels: every kernel equals its element-wise definition (random values, inf, NaN, partial chunks, sublists)") {
+  std::mt19937_64 rng(4);
+  for (int rep = 0; rep < 40; ++rep) {
+    const std::size_t C = 1 + rng() % 300, n = 1 + rng() % 3000, chunks = (n + C - 1) / C;
+    CAPTURE(C);
+    CAPTURE(n);
+    std::vector<std::uint32_t> list;
+    for (std::uint32_t c = 0; c < chunks; ++c)
+      if (rng() % 3 == 0) list.push_back(c);
+    const auto pool = random_values(rng, n, true), hist = random_values(rng, n, true), buf = random_values(rng, n, true);
+    std::vector<std::uint8_t> in_list(n, 0);
+    for (auto c : list)
+      for (std::size_t i = c * C; i < std::min(n, (c + 1) * C); ++i) in_list[i] = 1;
+    // compact_chunks
+    {
+      std::vector<float> h = hist, out(n, 9.0f);
+      const std::size_t k = kernels::compact_chunks(pool.data(), h.data(), n, C, list.data(), list.size(), out.data());
+      std::size_t j = 0, bad = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (in_list[i]) bad += !same_bits(out[j++], pool[i] + hist[i]) + !same_bits(h[i], 0.0f);
+        else bad += !same_bits(h[i], hist[i]);
+      }
+      CHECK(k == j);
+      CHECK(bad == 0);
+    }
+    // scatter_chunks_counted, with and without the average
+    for (bool mul : {false, true}) {
+      std::vector<float> p(n, 7.0f);
+      std::size_t want_bad = 0, j = 0, bad = 0;
+      const std::size_t got_bad = kernels::scatter_chunks_counted(buf.data(), p.data(), n, C, list.data(), list.size(), mul, 0.25f, nullptr, 1.0f);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (in_list[i]) {
+          const float v = mul ? buf[j] * 0.25f : buf[j];
+          ++j;
+          want_bad += !std::isfinite(v);
+          bad += !same_bits(p[i], v);
+        } else {
+          bad += !same_bits(p[i], 7.0f);
+        }
+      }
+      CHECK(bad == 0);
+      CHECK(got_bad == want_bad);
+    }
+    // defer_chunks
+    {
+      std::vector<float> p = pool, h = hist;
+      kernels::defer_chunks(p.data(), h.data(), n, C, list.data(), list.size(), 0.5f, nullptr);
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (in_list[i]) {
+          const float g = pool[i] + hist[i];
+          bad += !same_bits(h[i], std::isfinite(g) ? 0.5f * g : 0.0f) + !same_bits(p[i], 0.0f);
+        } else {
+          bad += !same_bits(h[i], hist[i]) + !same_bits(p[i], pool[i]);
+        }
+      }
+      CHECK(bad == 0);
+    }
+  }
+}
+
 TEST_CASE("CSC kernels: top-percent selection, ties to the lower index, NaN ranks highest") {
   std::vector<std::uint32_t> out(6);
   SUBCASE("plain") {

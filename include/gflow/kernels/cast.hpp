@@ -142,6 +142,11 @@ constexpr std::uint32_t nonfinite_bit(float f) noexcept {
   return (std::bit_cast<std::uint32_t>(f) & 0x7f800000u) == 0x7f800000u;
 }
 
+/// f, or +0 where f is inf or NaN; on the bits (a mask), so that loops vectorise.
+constexpr float finite_or_zero(float f) noexcept {
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) & (nonfinite_bit(f) - 1u));  // non-finite: & 0
+}
+
 namespace detail {
 inline constexpr std::size_t count_block = std::size_t{1} << 30;  // < 2^32: a block's count fits 32 bits
 // Applies out[i] = op(i) and returns how many results are non-finite.

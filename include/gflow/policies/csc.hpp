@@ -362,14 +362,21 @@ struct CSC {
     }
 
     // Allreduce the compacted chunks cur_[flushed_, sel_pos_) and scatter them back; their norms
-    // (divided by P as a sum) come from the scatter.
+    // (divided by P as a sum) come from the scatter. An fp32 buffer goes through the Topology
+    // directly and the end of exchange_context::dense_allreduce (average when asked, count
+    // inf/NaN) is fused into the scatter; a 16-bit wire takes dense_allreduce's path.
     void flush() {
-      wire_t* wire = nullptr;
-      if constexpr (Ctx::narrow) wire = wire_.data();
-      cx_->dense_allreduce(buf_.data(), pending_, wire);
       const float to_sum_over_p = cx_->average ? 1.0f : 1.0f / static_cast<float>(cx_->ranks());
-      kernels::scatter_chunks(buf_.data(), cx_->grads, geo_.pool_elems(), ChunkElems, cur_.data() + flushed_, sel_pos_ - flushed_, norms_.data(),
-                              to_sum_over_p);
+      const std::uint32_t* list = cur_.data() + flushed_;
+      const std::size_t count = sel_pos_ - flushed_, n = geo_.pool_elems();
+      if constexpr (Ctx::narrow) {
+        cx_->dense_allreduce(buf_.data(), pending_, wire_.data());
+        kernels::scatter_chunks(buf_.data(), cx_->grads, n, ChunkElems, list, count, norms_.data(), to_sum_over_p);
+      } else {
+        cx_->topology->run(buf_.data(), pending_);
+        cx_->kernels->add_nonfinite(kernels::scatter_chunks_counted(buf_.data(), cx_->grads, n, ChunkElems, list, count, cx_->average,
+                                                                    cx_->mean_scale(), norms_.data(), to_sum_over_p));
+      }
       bytes_ += pending_ * sizeof(wire_t);
       ++collectives_;
       pending_ = 0;
