@@ -653,6 +653,18 @@ void check_wire_to_float(const std::vector<W>& in, std::size_t off, std::size_t 
 }
 
 template <class W>
+void check_keep_error(const std::vector<float>& a, const std::vector<float>& hist, std::size_t off, std::size_t n, float s, float u) {
+  std::vector<float> hw = hist, hg = hist;
+  std::vector<W> want(a.size(), W{0x5555}), got(a.size(), W{0x5555});
+  k::reference::add_to_wire_keep_error(a.data() + off, hw.data() + off, want.data() + off, n, s, u);
+  k::simd::add_to_wire_keep_error(a.data() + off, hg.data() + off, got.data() + off, n, s, u);
+  const long d = first_diff(raw(want), raw(got)), e = first_diff(raw(hw), raw(hg));
+  INFO("scale " << s << ", unscale " << u << ", offset " << off << ", n " << n << ", first differences at " << d << " (wire), " << e << " (history)");
+  CHECK(d == -1);
+  CHECK(e == -1);
+}
+
+template <class W>
 std::vector<W> every_pattern() {
   std::vector<W> v(0x10000);
   for (std::uint32_t p = 0; p <= 0xffffu; ++p) v[p] = W{static_cast<std::uint16_t>(p)};
@@ -682,6 +694,23 @@ TEST_CASE_TEMPLATE("cast SIMD: scale_to_wire and to_wire equal the reference ove
     CAPTURE(scale);
     check_scale_to_wire<W>(in, 0, in.size(), scale);
   }
+}
+
+TEST_CASE_TEMPLATE("cast SIMD: add_to_wire_keep_error (CSC's compaction) equals the reference", W, f16, bf16) {
+  if (!simd_or_skip()) return;
+  std::vector<std::uint32_t> v = hand_picked();
+  const auto s = sweep();
+  v.insert(v.end(), s.begin(), s.end());
+  std::mt19937_64 rng(9);
+  std::vector<float> a(v.size()), h(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    a[i] = fb(v[i]);
+    // histories: zero, a small error-sized value, or another sweep pattern (inf / NaN included)
+    const auto r = rng() % 4;
+    h[i] = r == 0 ? 0.0f : r == 1 ? a[i] * 1e-4f : fb(v[rng() % v.size()]);
+  }
+  for (float P : {1.0f, 2.0f, 3.0f, 7.0f}) check_keep_error<W>(a, h, 0, a.size(), 1.0f / P, P);
+  check_keep_error<W>(a, h, 1, a.size() - 1, 0.25f, 1.0f);
 }
 
 TEST_CASE_TEMPLATE("cast SIMD: the reduction ops equal the reference on edge pairs and random pairs", W, f16, bf16) {
@@ -726,6 +755,7 @@ TEST_CASE_TEMPLATE("cast SIMD: odd lengths and offset pointers (tails run the re
       check_combine<reduce_op::max>(a, b, off, n);
       check_combine<reduce_op::min>(a, b, off, n);
       check_accumulate<reduce_op::sum>(a, acc, off, n);
+      check_keep_error<W>(f, acc, off, n, 1.0f / 3.0f, 3.0f);
     }
 }
 

@@ -13,7 +13,8 @@
 //     bf16), tests/test_cast.cpp over every 16-bit pattern, edge pairs and random pairs. Where they
 //     are not compiled (other targets, nvcc's device pass, GFLOW_NO_SIMD defined) they forward to
 //     the reference and simd::available() is false.
-// The dispatching kernels (scale_to_wire, wire_to_float, to_wire, combine_wire, accumulate_wire)
+// The dispatching kernels (scale_to_wire, wire_to_float, to_wire, add_to_wire_keep_error,
+// combine_wire, accumulate_wire)
 // choose once per process (simd::available(), a cached CPUID check) and never per element.
 //
 // Rounding is round-to-nearest-even. NaN converts to the canonical NaN 0x7fff (fp16 and bf16, any
@@ -188,6 +189,18 @@ std::size_t wire_to_float(const W* in, float* out, std::size_t n) noexcept {
   return detail::map_count(out, n, [in](std::size_t i) { return to_float(in[i]); });
 }
 
+/// Error feedback around a 16-bit encoding: g = a[i] + hist[i]; out[i] = wire_cast<W>(g * scale);
+/// hist[i] = g - to_float(out[i]) * unscale, the rounding error of the encoding, or 0 where that
+/// is inf/NaN (g not finite, or its encoding overflowing). CSC's compaction of a selected chunk.
+template <class W>
+void add_to_wire_keep_error(const float* a, float* hist, W* out, std::size_t n, float scale, float unscale) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float g = a[i] + hist[i];
+    out[i] = wire_cast<W>(g * scale);
+    hist[i] = finite_or_zero(g - to_float(out[i]) * unscale);
+  }
+}
+
 /// inout[i] = W(combine<Op>(float(in[i]), float(inout[i]))): the MPI user op of a 16-bit type.
 template <reduce_op Op, class W>
 void combine_wire(const W* in, W* inout, std::size_t n) noexcept {
@@ -345,6 +358,23 @@ GFLOW_X86_AVX2 std::size_t wire_to_float(const W* in, float* out, std::size_t n)
   return bad + reference::wire_to_float(in + i, out + i, n - i);
 }
 
+template <class W>
+GFLOW_X86_AVX2 void add_to_wire_keep_error(const float* a, float* hist, W* out, std::size_t n, float scale, float unscale) noexcept {
+  const __m256 s = _mm256_set1_ps(scale), u = _mm256_set1_ps(unscale);
+  const __m256i exp = _mm256_set1_epi32(0x7f800000);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(hist + i));
+    const __m128i w = narrow<W>(_mm256_mul_ps(g, s));
+    store8(out + i, w);
+    // A NaN's payload does not matter here: the error is then NaN and becomes 0.
+    const __m256 e = _mm256_sub_ps(g, _mm256_mul_ps(widen_value<W>(w), u));
+    const __m256i bad = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(e), exp), exp);
+    _mm256_storeu_ps(hist + i, _mm256_andnot_ps(_mm256_castsi256_ps(bad), e));
+  }
+  reference::add_to_wire_keep_error(a + i, hist + i, out + i, n - i, scale, unscale);
+}
+
 template <reduce_op Op, class W>
 GFLOW_X86_AVX2 void combine_wire(const W* in, W* inout, std::size_t n) noexcept {
   std::size_t i = 0;
@@ -376,6 +406,12 @@ inline void to_wire(const float* in, half* out, std::size_t n) noexcept { x86::t
 inline void to_wire(const float* in, bfloat16* out, std::size_t n) noexcept { x86::to_wire(in, out, n); }
 inline std::size_t wire_to_float(const half* in, float* out, std::size_t n) noexcept { return x86::wire_to_float(in, out, n); }
 inline std::size_t wire_to_float(const bfloat16* in, float* out, std::size_t n) noexcept { return x86::wire_to_float(in, out, n); }
+inline void add_to_wire_keep_error(const float* a, float* hist, half* out, std::size_t n, float scale, float unscale) noexcept {
+  x86::add_to_wire_keep_error(a, hist, out, n, scale, unscale);
+}
+inline void add_to_wire_keep_error(const float* a, float* hist, bfloat16* out, std::size_t n, float scale, float unscale) noexcept {
+  x86::add_to_wire_keep_error(a, hist, out, n, scale, unscale);
+}
 template <reduce_op Op, class W>
 void combine_wire(const W* in, W* inout, std::size_t n) noexcept {
   static_assert(is_wire16<W>);
@@ -396,6 +432,10 @@ template <class W>
 void to_wire(const float* in, W* out, std::size_t n) noexcept { reference::to_wire(in, out, n); }
 template <class W>
 std::size_t wire_to_float(const W* in, float* out, std::size_t n) noexcept { return reference::wire_to_float(in, out, n); }
+template <class W>
+void add_to_wire_keep_error(const float* a, float* hist, W* out, std::size_t n, float scale, float unscale) noexcept {
+  reference::add_to_wire_keep_error(a, hist, out, n, scale, unscale);
+}
 template <reduce_op Op, class W>
 void combine_wire(const W* in, W* inout, std::size_t n) noexcept { reference::combine_wire<Op>(in, inout, n); }
 template <reduce_op Op, class W>
@@ -429,6 +469,15 @@ std::size_t wire_to_float(const W* in, float* out, std::size_t n) noexcept {
   if constexpr (is_wire16<W>)
     if (simd::available()) return simd::wire_to_float(in, out, n);
   return reference::wire_to_float(in, out, n);
+}
+
+/// g = a[i] + hist[i]; out[i] = W(g * scale); hist[i] = the encoding's rounding error
+/// g - float(out[i]) * unscale, 0 where not finite (reference::add_to_wire_keep_error).
+template <class W>
+void add_to_wire_keep_error(const float* a, float* hist, W* out, std::size_t n, float scale, float unscale) noexcept {
+  static_assert(is_wire16<W>, "gflow::kernels::add_to_wire_keep_error: W must be gflow::half or gflow::bfloat16.");
+  if (simd::available()) return simd::add_to_wire_keep_error(a, hist, out, n, scale, unscale);
+  reference::add_to_wire_keep_error(a, hist, out, n, scale, unscale);
 }
 
 /// inout[i] = W(combine<Op>(float(in[i]), float(inout[i]))) for a 16-bit W: the MPI user ops.

@@ -2,7 +2,8 @@
 // Host kernels of coarse-grained sparse communication (CSC, paper 000 section 3.2 and
 // Algorithm 1). These are the references: the CUDA twins in include/gflow/cuda/sparse_chunks.cuh
 // have the same semantics (tests/cuda/test_csc.cu compares them) for the kernels they have (not
-// yet scatter_chunks_counted: the engine's device path does not exist).
+// yet compact_chunks_to_wire, scatter_chunks_counted, scatter_chunks_from_wire: the engine's
+// device path does not exist).
 //
 // The pool of n elements is cut into chunks of C elements: chunk c covers
 // [c * C, min((c + 1) * C, n)), so only the last chunk can be partial. Chunk lists are arrays of
@@ -10,12 +11,19 @@
 //
 //   chunk_l1_norms(pool, n, C, list, count, norms, scale)   norms[c] = scale * sum |pool[i]|, i in chunk c
 //   compact_chunks(pool, hist, n, C, list, count, out)      out = pool + hist over the listed chunks, back to
-//                                                            back; hist = 0 there (Algorithm 1, selected)
+//                                                            back; hist = 0 there (Algorithm 1, selected;
+//                                                            the fp32 wire)
+//   compact_chunks_to_wire(pool, hist, n, C, list, count,   g = pool + hist; out = W(g * s) back to back;
+//                          out, s, u)                        hist = g - float(out) * u there, the rounding
+//                                                            error of the 16-bit encoding (0 where that is
+//                                                            inf/NaN); s = 1/P, u = P when averaging, else 1
 //   scatter_chunks(buf, pool, n, C, list, count, norms, s)  pool = buf over the listed chunks; optionally
 //                                                            norms[c] = s * L1 of what was scattered
 //   scatter_chunks_counted(buf, pool, ..., mul, v, norms, s) the same with pool = buf * v when mul (the fp32
 //                                                            average), returning how many values written are
 //                                                            inf/NaN
+//   scatter_chunks_from_wire(wire, pool, ..., norms, s)     pool = float(wire) over the listed chunks, norms as
+//                                                            above; returns how many are inf/NaN
 //   defer_chunks(pool, hist, n, C, list, count, m, norms)   g = pool + hist; norms[c] = L1(g); hist = m * g
 //                                                            (0 where g is inf/NaN); pool = 0 (Algorithm 1,
 //                                                            unselected)
@@ -33,7 +41,8 @@
 //
 // The loops are written in groups of 8 with restrict-qualified pointers so that GCC and Clang
 // vectorise them (SSE2 baseline; no target flags needed); the pointers of one call must not
-// overlap.
+// overlap. Kernels that convert to or from a 16-bit wire type go through kernels/cast.hpp (AVX2 +
+// F16C where available, bitwise identical to the scalar reference).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -145,6 +154,25 @@ inline std::size_t compact_chunks(const float* pool, float* hist, std::size_t n,
   return k;
 }
 
+/// compact_chunks for a 16-bit wire, with the cast fused in: per element of the listed chunks,
+/// g = pool + hist, out = wire_cast<W>(g * scale) back to back, and hist keeps the rounding
+/// error of that encoding, g - to_float(out) * unscale, or 0 where that is inf/NaN (g, or its
+/// encoding, not finite: non-finite values never enter the history). With scale = 1/P and
+/// unscale = P (averaging) or both 1 (sums), sum over ranks of (P or 1) * to_float(out) + hist
+/// is the sum of g exactly, as far as the 16-bit sum itself is exact. Returns the elements written.
+template <class W>
+std::size_t compact_chunks_to_wire(const float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                   W* out, float scale, float unscale) noexcept {
+  std::size_t k = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::size_t c = list[j];
+    const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
+    add_to_wire_keep_error(pool + b, hist + b, out + k, e - b, scale, unscale);
+    k += e - b;
+  }
+  return k;
+}
+
 /// The inverse of compact_chunks: the listed chunks of pool = buf, read back to back. When norms
 /// is not null, norms[c] = scale * (L1 norm of the values written into chunk c). Returns the
 /// elements read.
@@ -182,6 +210,29 @@ inline std::size_t scatter_chunks_counted(const float* buf, float* pool, std::si
       const std::size_t m = e - o < detail::count_block ? e - o : detail::count_block;
       bad += multiply ? detail::scatter_range<true>(buf + k + (o - b), pool + o, m, value_scale, s)
                       : detail::scatter_range<false>(buf + k + (o - b), pool + o, m, 1.0f, s);
+    }
+    if (norms != nullptr) norms[c] = norm_scale * detail::l1_total(s);
+    k += e - b;
+  }
+  return bad;
+}
+
+/// The inverse of compact_chunks_to_wire after the exchange: the listed chunks of pool =
+/// to_float(wire), read back to back; norms as scatter_chunks. Returns how many values are inf
+/// or NaN.
+template <class W>
+std::size_t scatter_chunks_from_wire(const W* wire, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                     float* norms, float norm_scale) noexcept {
+  constexpr std::size_t block = 4096;  // a multiple of 8: the norm's lanes run on across blocks
+  std::size_t k = 0, bad = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::size_t c = list[j];
+    const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
+    double s[8] = {};
+    for (std::size_t o = b; o < e; o += block) {
+      const std::size_t mb = e - o < block ? e - o : block;
+      bad += wire_to_float(wire + k + (o - b), pool + o, mb);
+      if (norms != nullptr) detail::l1_add(s, pool + o, mb);  // just written: in L1
     }
     if (norms != nullptr) norms[c] = norm_scale * detail::l1_total(s);
     k += e - b;
