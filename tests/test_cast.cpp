@@ -24,7 +24,9 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(GFLOW_HAVE_CUDA_HEADERS)
@@ -523,4 +525,249 @@ TEST_CASE("cast: wire_cast picks the conversion by type") {
   CHECK(k::wire_cast<f16>(1.5f).bits == 0x3e00);
   CHECK(k::wire_cast<bf16>(1.5f).bits == 0x3fc0);
   CHECK(k::wire_cast<float>(1.5f) == 1.5f);
+}
+
+
+// ---- the SIMD kernels against their scalar reference twins --------------------------------------
+// kernels::simd (AVX2 + F16C) must give the bits of kernels::reference for every input, length
+// and alignment. All 2^32 fp32 inputs of the casts, and every 16-bit pattern against the edge
+// values in the reduction ops: tests/test_cast_exhaustive.cpp (ctest unit_exhaustive). Here:
+// every 16-bit pattern for widening, the sweeps above for the casts, edge pairs and a few million
+// random pairs for the reduction ops, odd lengths at offset pointers.
+
+namespace {
+
+using gflow::reduce_op;
+
+bool simd_or_skip() {
+  if (k::simd::available()) return true;
+  MESSAGE("no AVX2 + F16C here (or not an x86-64 GCC / Clang build): the SIMD kernels are not checked");
+  return false;
+}
+
+/// Edge patterns: signed zeros, subnormals, the normal boundary, 1 and its neighbours, values
+/// half an ulp of 1 (sums with 1 are ties), the largest finite values, inf, NaNs.
+template <class W>
+std::vector<std::uint16_t> edge16() {
+  if constexpr (std::is_same_v<W, f16>)
+    return {0x0000, 0x8000, 0x0001, 0x8001, 0x0002, 0x03ff, 0x83ff, 0x0400, 0x8400, 0x1000, 0x1400, 0x1800, 0x3c00, 0xbc00,
+            0x3c01, 0x3c03, 0xbc01, 0x4000, 0x6800, 0x6801, 0x3bff, 0x7bff, 0xfbff, 0x7bfe, 0x7800, 0x7c00, 0xfc00, 0x7e00,
+            0xfe00, 0x7c01, 0xfd55, 0x7fff};
+  else
+    return {0x0000, 0x8000, 0x0001, 0x8001, 0x007f, 0x0080, 0x8080, 0x3b80, 0x3b00, 0x3c00, 0x3f80, 0xbf80, 0x3f81, 0x3f83,
+            0xbf81, 0x4000, 0x4380, 0x4381, 0x3f7f, 0x7f7f, 0xff7f, 0x7f7e, 0x7f00, 0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7f81,
+            0xffaa, 0x7fff};
+}
+
+/// Random pairs: half uniform over all patterns, half close in magnitude (the low bits of a
+/// flipped), where sums round and tie.
+template <class W>
+void random_pairs(std::mt19937_64& rng, std::size_t n, std::vector<W>& a, std::vector<W>& b) {
+  a.resize(n);
+  b.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto r = rng();
+    const auto x = static_cast<std::uint16_t>(r);
+    auto y = static_cast<std::uint16_t>(r >> 16);
+    if (r >> 63) y = static_cast<std::uint16_t>((x ^ (y & 0x0fffu)) ^ ((r >> 62) & 1u ? 0x8000u : 0u));
+    a[i] = W{x};
+    b[i] = W{y};
+  }
+}
+
+template <class W>
+std::vector<std::uint16_t> raw(const std::vector<W>& v) {
+  std::vector<std::uint16_t> r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = v[i].bits;
+  return r;
+}
+
+std::vector<std::uint32_t> raw(const std::vector<float>& v) {
+  std::vector<std::uint32_t> r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = bits(v[i]);
+  return r;
+}
+
+/// Index of the first difference, or -1.
+template <class T>
+long first_diff(const std::vector<T>& x, const std::vector<T>& y) {
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (x[i] != y[i]) return static_cast<long>(i);
+  return -1;
+}
+
+template <reduce_op Op, class W>
+void check_combine(const std::vector<W>& a, const std::vector<W>& b, std::size_t off, std::size_t n) {
+  std::vector<W> want = b, got = b;
+  k::reference::combine_wire<Op>(a.data() + off, want.data() + off, n);
+  k::simd::combine_wire<Op>(a.data() + off, got.data() + off, n);
+  const long d = first_diff(raw(want), raw(got));
+  INFO("op " << gflow::to_string(Op) << ", offset " << off << ", n " << n << ", first difference at " << d
+             << (d >= 0 ? ": a " + hex(a[std::size_t(d)].bits) + ", b " + hex(b[std::size_t(d)].bits) + ", reference " +
+                              hex(want[std::size_t(d)].bits) + ", simd " + hex(got[std::size_t(d)].bits)
+                        : std::string()));
+  CHECK(d == -1);
+}
+
+/// NaN with NaN compares equal whatever the payloads (the in-process accumulator rounds every
+/// NaN to 0x7fff; which payload x86 propagates from a sum of two NaNs depends on the operand
+/// order the compiler picked), everything else bitwise.
+bool same_acc(float x, float y) { return (std::isnan(x) && std::isnan(y)) || bits(x) == bits(y); }
+
+template <reduce_op Op, class W>
+void check_accumulate(const std::vector<W>& a, const std::vector<float>& acc, std::size_t off, std::size_t n) {
+  std::vector<float> want = acc, got = acc;
+  k::reference::accumulate_wire<Op>(a.data() + off, want.data() + off, n);
+  k::simd::accumulate_wire<Op>(a.data() + off, got.data() + off, n);
+  long d = -1;
+  for (std::size_t i = 0; i < acc.size() && d < 0; ++i)
+    if (!same_acc(want[i], got[i])) d = static_cast<long>(i);
+  INFO("op " << gflow::to_string(Op) << ", offset " << off << ", n " << n << ", first difference at " << d);
+  CHECK(d == -1);
+}
+
+template <class W>
+void check_scale_to_wire(const std::vector<float>& in, std::size_t off, std::size_t n, float s) {
+  std::vector<W> want(in.size(), W{0x5555}), got(in.size(), W{0x5555});
+  k::reference::scale_to_wire(in.data() + off, want.data() + off, n, s);
+  k::simd::scale_to_wire(in.data() + off, got.data() + off, n, s);
+  const long d = first_diff(raw(want), raw(got));
+  INFO("scale " << s << ", offset " << off << ", n " << n << ", first difference at " << d
+                << (d >= 0 ? ": input " + hex(bits(in[std::size_t(d)])) : std::string()));
+  CHECK(d == -1);
+  std::vector<W> want2(in.size(), W{0x5555}), got2(in.size(), W{0x5555});
+  k::reference::to_wire(in.data() + off, want2.data() + off, n);
+  k::simd::to_wire(in.data() + off, got2.data() + off, n);
+  CHECK(first_diff(raw(want2), raw(got2)) == -1);
+}
+
+template <class W>
+void check_wire_to_float(const std::vector<W>& in, std::size_t off, std::size_t n) {
+  std::vector<float> want(in.size(), 7.0f), got(in.size(), 7.0f);
+  const std::size_t cw = k::reference::wire_to_float(in.data() + off, want.data() + off, n);
+  const std::size_t cg = k::simd::wire_to_float(in.data() + off, got.data() + off, n);
+  const long d = first_diff(raw(want), raw(got));
+  INFO("offset " << off << ", n " << n << ", first difference at " << d << (d >= 0 ? ": input " + hex(in[std::size_t(d)].bits) : std::string()));
+  CHECK(d == -1);
+  CHECK(cw == cg);
+}
+
+template <class W>
+void check_keep_error(const std::vector<float>& a, const std::vector<float>& hist, std::size_t off, std::size_t n, float s, float u) {
+  std::vector<float> hw = hist, hg = hist;
+  std::vector<W> want(a.size(), W{0x5555}), got(a.size(), W{0x5555});
+  k::reference::add_to_wire_keep_error(a.data() + off, hw.data() + off, want.data() + off, n, s, u);
+  k::simd::add_to_wire_keep_error(a.data() + off, hg.data() + off, got.data() + off, n, s, u);
+  const long d = first_diff(raw(want), raw(got)), e = first_diff(raw(hw), raw(hg));
+  INFO("scale " << s << ", unscale " << u << ", offset " << off << ", n " << n << ", first differences at " << d << " (wire), " << e << " (history)");
+  CHECK(d == -1);
+  CHECK(e == -1);
+}
+
+template <class W>
+std::vector<W> every_pattern() {
+  std::vector<W> v(0x10000);
+  for (std::uint32_t p = 0; p <= 0xffffu; ++p) v[p] = W{static_cast<std::uint16_t>(p)};
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cast SIMD: wire_to_float equals the reference on every 16-bit pattern, count included", W, f16, bf16) {
+  if (!simd_or_skip()) return;
+  const auto all = every_pattern<W>();
+  check_wire_to_float(all, 0, all.size());
+  check_wire_to_float(all, 1, all.size() - 1);  // unaligned start, odd length
+  check_wire_to_float(all, 3, all.size() - 8);
+  std::size_t bad = k::simd::wire_to_float(all.data(), std::vector<float>(all.size()).data(), all.size());
+  CHECK(bad == (std::is_same_v<W, f16> ? 2u * 1024u : 2u * 128u));  // every inf / NaN pattern
+}
+
+TEST_CASE_TEMPLATE("cast SIMD: scale_to_wire and to_wire equal the reference over the sweeps, for several scales", W, f16, bf16) {
+  if (!simd_or_skip()) return;
+  std::vector<std::uint32_t> v = hand_picked();
+  const auto s = sweep();
+  v.insert(v.end(), s.begin(), s.end());
+  std::vector<float> in(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) in[i] = fb(v[i]);
+  for (float scale : {1.0f, 1.0f / 3.0f, 0.25f, 0.125f / 3.0f, 3.0f, 65536.0f, fb(0x00000001u), fb(0x7f800000u)}) {
+    CAPTURE(scale);
+    check_scale_to_wire<W>(in, 0, in.size(), scale);
+  }
+}
+
+TEST_CASE_TEMPLATE("cast SIMD: add_to_wire_keep_error (CSC's compaction) equals the reference", W, f16, bf16) {
+  if (!simd_or_skip()) return;
+  std::vector<std::uint32_t> v = hand_picked();
+  const auto s = sweep();
+  v.insert(v.end(), s.begin(), s.end());
+  std::mt19937_64 rng(9);
+  std::vector<float> a(v.size()), h(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    a[i] = fb(v[i]);
+    // histories: zero, a small error-sized value, or another sweep pattern (inf / NaN included)
+    const auto r = rng() % 4;
+    h[i] = r == 0 ? 0.0f : r == 1 ? a[i] * 1e-4f : fb(v[rng() % v.size()]);
+  }
+  for (float P : {1.0f, 2.0f, 3.0f, 7.0f}) check_keep_error<W>(a, h, 0, a.size(), 1.0f / P, P);
+  check_keep_error<W>(a, h, 1, a.size() - 1, 0.25f, 1.0f);
+}
+
+TEST_CASE_TEMPLATE("cast SIMD: the reduction ops equal the reference on edge pairs and random pairs", W, f16, bf16) {
+  if (!simd_or_skip()) return;
+  const auto e = edge16<W>();
+  std::vector<W> a, b;
+  for (auto x : e)
+    for (auto y : e) {
+      a.push_back(W{x});
+      b.push_back(W{y});
+    }
+  check_combine<reduce_op::sum>(a, b, 0, a.size());
+  check_combine<reduce_op::max>(a, b, 0, a.size());
+  check_combine<reduce_op::min>(a, b, 0, a.size());
+  std::mt19937_64 rng(std::is_same_v<W, f16> ? 11 : 12);
+  random_pairs(rng, std::size_t{1} << 20, a, b);
+  check_combine<reduce_op::sum>(a, b, 0, a.size());
+  check_combine<reduce_op::max>(a, b, 0, a.size());
+  check_combine<reduce_op::min>(a, b, 0, a.size());
+  check_combine<reduce_op::sum>(a, b, 1, a.size() - 1);
+  // The in-process accumulator: fp32 partial sums of widened values, and raw fp32 bits.
+  std::vector<float> acc(a.size());
+  for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = (i % 4 == 3) ? fb(static_cast<std::uint32_t>(rng())) : k::to_float(b[i]) + k::to_float(a[(i * 7) % a.size()]);
+  check_accumulate<reduce_op::sum>(a, acc, 0, a.size());
+  check_accumulate<reduce_op::max>(a, acc, 0, a.size());
+  check_accumulate<reduce_op::min>(a, acc, 1, a.size() - 1);
+}
+
+TEST_CASE_TEMPLATE("cast SIMD: odd lengths and offset pointers (tails run the reference, nothing outside the range is touched)", W, f16, bf16) {
+  if (!simd_or_skip()) return;
+  std::mt19937_64 rng(5);
+  std::vector<W> a, b;
+  random_pairs(rng, 80, a, b);
+  std::vector<float> f(80), acc(80);
+  for (auto& x : f) x = fb(static_cast<std::uint32_t>(rng()) & 0xbfffffffu);  // random signs, magnitudes up to 2
+  for (std::size_t i = 0; i < 80; ++i) acc[i] = k::to_float(b[i]);
+  for (std::size_t off : {0u, 1u, 2u, 7u})
+    for (std::size_t n = 0; n + off <= 80 && n <= 41; ++n) {
+      check_scale_to_wire<W>(f, off, n, 1.0f / 3.0f);
+      check_wire_to_float(a, off, n);
+      check_combine<reduce_op::sum>(a, b, off, n);
+      check_combine<reduce_op::max>(a, b, off, n);
+      check_combine<reduce_op::min>(a, b, off, n);
+      check_accumulate<reduce_op::sum>(a, acc, off, n);
+      check_keep_error<W>(f, acc, off, n, 1.0f / 3.0f, 3.0f);
+    }
+}
+
+TEST_CASE("cast SIMD: the dispatching kernels pick the SIMD path once and match the reference") {
+  const std::vector<float> in = {1.0f, fb(0x7f800001u), fb(0xffc00000u), 65520.0f, -1e-7f, 3.0f, 0.1f, -0.0f, fb(0x387fe000u), 2.0f};
+  std::vector<f16> got(in.size()), want(in.size());
+  k::scale_to_wire(in.data(), got.data(), in.size(), 0.5f);
+  k::reference::scale_to_wire(in.data(), want.data(), in.size(), 0.5f);
+  CHECK(raw(got) == raw(want));
+  std::vector<f16> c = got;
+  k::combine_wire<reduce_op::sum>(want.data(), c.data(), c.size());
+  std::vector<f16> cr = got;
+  k::reference::combine_wire<reduce_op::sum>(want.data(), cr.data(), cr.size());
+  CHECK(raw(c) == raw(cr));
 }

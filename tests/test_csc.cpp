@@ -186,6 +186,162 @@ TEST_CASE("CSC kernels: Algorithm 1 for kept-back chunks (g += hg; hg = m g; poo
   CHECK(pool == p);
 }
 
+namespace {
+// The documented norm order: 8 partial sums in double, lane j mod 8 of the chunk, combined
+// ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), rounded to float once.
+float l1_documented(const float* v, std::size_t m) {
+  double s[8] = {};
+  for (std::size_t j = 0; j < m; ++j) s[j % 8] += std::fabs(double(v[j]));
+  return float(((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
+}
+
+std::vector<float> random_values(std::mt19937_64& rng, std::size_t n, bool specials) {
+  std::vector<float> v(n);
+  std::uniform_real_distribution<float> u(-4, 4);
+  for (auto& x : v) {
+    x = u(rng) * std::ldexp(1.0f, int(rng() % 24) - 12);
+    if (specials && rng() % 50 == 0) {
+      const float sp[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), std::nanf(""), 70000.0f, -1e30f,
+                          3.4e38f, 1e-30f, -0.0f};
+      x = sp[rng() % 8];
+    }
+  }
+  return v;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+}  // namespace
+
+TEST_CASE("CSC kernels: norms in the documented order (8 partial sums), in every kernel that computes them") {
+  std::mt19937_64 rng(3);
+  for (std::size_t C : {1u, 5u, 8u, 13u, 64u, 1000u, 4099u}) {
+    const std::size_t n = 3 * C + C / 2 + 1, chunks = (n + C - 1) / C;
+    CAPTURE(C);
+    const auto pool = random_values(rng, n, false), hist = random_values(rng, n, false);
+    std::vector<std::uint32_t> all(chunks);
+    std::iota(all.begin(), all.end(), 0u);
+    std::vector<float> want(chunks), got(chunks, -1.0f);
+    for (std::size_t c = 0; c < chunks; ++c) want[c] = 0.5f * l1_documented(pool.data() + c * C, std::min(C, n - c * C));
+    kernels::chunk_l1_norms(pool.data(), n, C, all.data(), chunks, got.data(), 0.5f);
+    CHECK(got == want);
+    std::vector<float> back(n, 0.0f);
+    std::fill(got.begin(), got.end(), -1.0f);
+    kernels::scatter_chunks(pool.data(), back.data(), n, C, all.data(), chunks, got.data(), 0.5f);
+    CHECK(got == want);
+    CHECK(back == pool);
+    std::fill(got.begin(), got.end(), -1.0f);
+    CHECK(kernels::scatter_chunks_counted(pool.data(), back.data(), n, C, all.data(), chunks, false, 3.0f, got.data(), 0.5f) == 0);
+    CHECK(got == want);
+    // defer: the norm of g = pool + hist
+    std::vector<float> p = pool, h = hist, g(n);
+    for (std::size_t i = 0; i < n; ++i) g[i] = pool[i] + hist[i];
+    for (std::size_t c = 0; c < chunks; ++c) want[c] = l1_documented(g.data() + c * C, std::min(C, n - c * C));
+    kernels::defer_chunks(p.data(), h.data(), n, C, all.data(), chunks, 0.9f, got.data());
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE("CSC kernels: every kernel equals its element-wise definition (random values, inf, NaN, partial chunks, sublists)") {
+  std::mt19937_64 rng(4);
+  for (int rep = 0; rep < 40; ++rep) {
+    const std::size_t C = 1 + rng() % 300, n = 1 + rng() % 3000, chunks = (n + C - 1) / C;
+    CAPTURE(C);
+    CAPTURE(n);
+    std::vector<std::uint32_t> list;
+    for (std::uint32_t c = 0; c < chunks; ++c)
+      if (rng() % 3 == 0) list.push_back(c);
+    const auto pool = random_values(rng, n, true), hist = random_values(rng, n, true), buf = random_values(rng, n, true);
+    std::vector<std::uint8_t> in_list(n, 0);
+    for (auto c : list)
+      for (std::size_t i = c * C; i < std::min(n, (c + 1) * C); ++i) in_list[i] = 1;
+    // compact_chunks
+    {
+      std::vector<float> h = hist, out(n, 9.0f);
+      const std::size_t k = kernels::compact_chunks(pool.data(), h.data(), n, C, list.data(), list.size(), out.data());
+      std::size_t j = 0, bad = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (in_list[i]) bad += !same_bits(out[j++], pool[i] + hist[i]) + !same_bits(h[i], 0.0f);
+        else bad += !same_bits(h[i], hist[i]);
+      }
+      CHECK(k == j);
+      CHECK(bad == 0);
+    }
+    // scatter_chunks_counted, with and without the average
+    for (bool mul : {false, true}) {
+      std::vector<float> p(n, 7.0f);
+      std::size_t want_bad = 0, j = 0, bad = 0;
+      const std::size_t got_bad = kernels::scatter_chunks_counted(buf.data(), p.data(), n, C, list.data(), list.size(), mul, 0.25f, nullptr, 1.0f);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (in_list[i]) {
+          const float v = mul ? buf[j] * 0.25f : buf[j];
+          ++j;
+          want_bad += !std::isfinite(v);
+          bad += !same_bits(p[i], v);
+        } else {
+          bad += !same_bits(p[i], 7.0f);
+        }
+      }
+      CHECK(bad == 0);
+      CHECK(got_bad == want_bad);
+    }
+    // defer_chunks
+    {
+      std::vector<float> p = pool, h = hist;
+      kernels::defer_chunks(p.data(), h.data(), n, C, list.data(), list.size(), 0.5f, nullptr);
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (in_list[i]) {
+          const float g = pool[i] + hist[i];
+          bad += !same_bits(h[i], std::isfinite(g) ? 0.5f * g : 0.0f) + !same_bits(p[i], 0.0f);
+        } else {
+          bad += !same_bits(h[i], hist[i]) + !same_bits(p[i], pool[i]);
+        }
+      }
+      CHECK(bad == 0);
+    }
+    // compact_chunks_to_wire and scatter_chunks_from_wire, fp16 and bf16
+    auto wire_round_trip = [&](auto tag) {
+      using wt = decltype(tag);
+      for (float P : {1.0f, 2.0f, 3.0f}) {
+        const float s = 1.0f / P;
+        std::vector<float> h = hist, p(n, 7.0f), norms(chunks, -1.0f);
+        std::vector<wt> w(n, wt{0x1234});
+        const std::size_t k = kernels::compact_chunks_to_wire(pool.data(), h.data(), n, C, list.data(), list.size(), w.data(), s, P);
+        std::size_t j = 0, bad = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          if (in_list[i]) {
+            const float g = pool[i] + hist[i];
+            const wt e = kernels::wire_cast<wt>(g * s);
+            const float err = g - kernels::to_float(e) * P;
+            bad += (w[j++].bits != e.bits) + !same_bits(h[i], std::isfinite(err) ? err : 0.0f);
+          } else {
+            bad += !same_bits(h[i], hist[i]);
+          }
+        }
+        CHECK(k == j);
+        CHECK(bad == 0);
+        const std::size_t nonfinite = kernels::scatter_chunks_from_wire(w.data(), p.data(), n, C, list.data(), list.size(), norms.data(), 0.5f);
+        std::size_t want_nonfinite = 0;
+        j = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          if (in_list[i]) {
+            const float v = kernels::to_float(w[j++]);
+            want_nonfinite += !std::isfinite(v);
+            bad += !same_bits(p[i], v);
+          } else {
+            bad += !same_bits(p[i], 7.0f);
+          }
+        }
+        for (auto c : list) bad += !same_bits(norms[c], 0.5f * l1_documented(p.data() + c * C, std::min(C, n - c * C)));
+        CHECK(bad == 0);
+        CHECK(nonfinite == want_nonfinite);
+      }
+    };
+    wire_round_trip(half{});
+    wire_round_trip(bfloat16{});
+  }
+}
+
 TEST_CASE("CSC kernels: top-percent selection, ties to the lower index, NaN ranks highest") {
   std::vector<std::uint32_t> out(6);
   SUBCASE("plain") {
@@ -542,6 +698,108 @@ TEST_CASE("CSC conservation: fed == applied + held + decayed over 1000+ random i
   CHECK(worst <= 1e-5);
 }
 
+TEST_CASE_TEMPLATE("CSC with a 16-bit wire keeps the encoding's rounding error in the history (issue 10's reproduction)", W, wire::fp16, wire::bf16) {
+  // Two ranks each feed four copies of 1 + 2^-11, which neither fp16 nor bf16 represents: the
+  // wire carries 1 (a tie, to even), and the 2^-11 stays in each rank's history instead of
+  // being lost (applied 8, held 0, fed 8 + 2^-8 before the fix).
+  auto l = Layout::from_sizes({4});
+  const float x = 1.0f + std::ldexp(1.0f, -11);
+  for (bool average : {false, true}) {
+    CAPTURE(average);
+    std::vector<double> held(2);
+    std::vector<float> view(4);
+    inproc::run(2, [&](inproc::transport& t) {
+      exchange_options o;
+      o.average = average;
+      on_inproc<Exchanger<Sparsifier<CSC<2, 50>>, Precision<W>>> ex(t, l, o);
+      std::fill(ex.view(0).begin(), ex.view(0).end(), x);
+      ex.ready(0);
+      CHECK(ex.finish().finite());
+      for (float h : ex.sparsifier().residual()) held[std::size_t(t.rank())] += h;
+      if (t.rank() == 0) std::copy(ex.view(0).begin(), ex.view(0).end(), view.begin());
+    });
+    double applied = 0;
+    for (float v : view) applied += (average ? 2.0 : 1.0) * v;
+    CHECK(applied == 8.0);
+    CHECK(held[0] == 4 * std::ldexp(1.0, -11));
+    CHECK(held[1] == held[0]);
+    CHECK(applied + held[0] + held[1] == 8 * double(x));  // fed, exactly
+  }
+}
+
+namespace {
+// Exact accounting with a 16-bit wire: every rank's values are multiples of 2^-24 in
+// [2^-8, 2^-7) (17 significant bits: neither fp16 nor bf16 holds them), so that every fp32 step
+// of the engine is exact (sums stay below 1, the histories and encodings are multiples of 2^-24)
+// and only the 16-bit encoding rounds. The 16-bit sum itself must be exact too, or its rounding
+// (which no rank can keep) would show: P = 2 ranks feed equal values (the sum doubles), P = 3 feed
+// x, y and -y (the sum is x's encoding). Then fed == applied + held to the last bit.
+template <class W>
+void exact_16bit_conservation(int P, bool average, std::uint64_t seed) {
+  CAPTURE(P);
+  CAPTURE(average);
+  auto l = Layout::from_sizes({37, 200, 5, 91});
+  const std::size_t n = l.total_numel();
+  const int iters = 30;
+  std::vector<std::vector<double>> fed(std::size_t(P), std::vector<double>(n, 0.0)), held(fed);
+  std::vector<double> applied(n, 0.0);
+  std::vector<std::uint64_t> selections(std::size_t(P), 0);
+  double kept_back = 0;
+  std::size_t errors_kept = 0;
+  inproc::run(P, [&](inproc::transport& t) {
+    const auto r = std::size_t(t.rank());
+    exchange_options o;
+    o.average = average;
+    on_inproc<Exchanger<Sparsifier<CSC<16, 30>>, Precision<W>, Fusion<256>>> ex(t, l, o);
+    auto& s = ex.sparsifier();
+    s.set_warmup(2, 5);
+    std::mt19937_64 rng(seed + (P == 3 && r != 0 ? 1 : 0));  // P = 2: equal values; P = 3: x, y, -y
+    const float sign = r == 2 ? -1.0f : 1.0f;
+    for (int it = 0; it < iters; ++it) {
+      float* g = ex.pool_data();
+      for (std::size_t k = 0; k < n; ++k) {
+        g[k] = sign * std::ldexp(float((1u << 16) + rng() % (1u << 16)), -24);
+        fed[r][k] += g[k];
+      }
+      for (std::size_t i = 0; i < l.size(); ++i) ex.ready(i);
+      CHECK(ex.finish().finite());
+      selections[r] = selections[r] * 31 + hash_chunks(s.selected_chunks());
+      if (it == 0 && r == 0)  // dense warm-up: every chunk exchanged, the history holds only rounding errors
+        for (float h : s.residual()) errors_kept += h != 0.0f;
+      if (r == 0)
+        for (std::size_t k = 0; k < n; ++k) applied[k] += (average ? double(P) : 1.0) * g[k];
+    }
+    for (std::size_t k = 0; k < n; ++k) held[r][k] = s.residual()[k];
+    if (r == 0)
+      for (float h : s.residual()) kept_back += std::fabs(h);
+  });
+  std::size_t lost = 0, first = n;
+  for (std::size_t k = 0; k < n; ++k) {
+    double f = 0, h = 0;
+    for (int q = 0; q < P; ++q) {
+      f += fed[std::size_t(q)][k];
+      h += held[std::size_t(q)][k];
+    }
+    if (f != applied[k] + h) {
+      ++lost;
+      if (first == n) first = k;
+    }
+  }
+  INFO("first element where fed != applied + held: " << first);
+  CHECK(lost == 0);
+  CHECK(errors_kept > n / 2);  // the values do not round-trip: most elements keep an error
+  CHECK(kept_back > 0);
+  for (auto x : selections) CHECK(x == selections[0]);
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("CSC with a 16-bit wire: fed == applied + held exactly, P = 2 and 3, averaging on and off", W, wire::fp16, wire::bf16) {
+  for (bool average : {false, true}) {
+    exact_16bit_conservation<W>(2, average, 21);
+    exact_16bit_conservation<W>(3, average, 22);
+  }
+}
+
 TEST_CASE("CSC selection is identical on every rank for P = 2..8 (non-powers of two included)") {
   auto l = Layout::from_sizes({300, 17, 1024, 5, 999, 64});
   for (int P : {2, 3, 5, 6, 7, 8}) {
@@ -595,35 +853,60 @@ TEST_CASE("CSC momentum correction: the history follows hg = m (g + hg) on kept-
 // ---- edge cases --------------------------------------------------------------------------------
 
 TEST_CASE_TEMPLATE("CSC with percent 100 equals the Dense exchange bit for bit", W, wire::fp32, wire::fp16, wire::bf16) {
+  // With a 16-bit wire CSC keeps the encoding's rounding error in its history and sends it with
+  // the next iteration: Dense is fed the same accumulated gradient (pool + history, added in fp32
+  // as CSC's compaction does). With fp32 the history stays 0 and both are fed the same values.
+  using wt = typename W::type;
+  constexpr bool narrow = sizeof(wt) < sizeof(float);
   auto l = Layout::from_sizes({1000, 3, 257, 4096, 1, 77});
   for (int P : {1, 3, 4}) {
-    CAPTURE(P);
-    std::vector<std::size_t> dense_bytes(static_cast<std::size_t>(P)), csc_bytes(static_cast<std::size_t>(P));
-    inproc::run(P, [&](inproc::transport& t) {
-      on_inproc<Exchanger<Precision<W>, Fusion<2048>>> a(t, l);
-      on_inproc<Exchanger<Precision<W>, Fusion<2048>, Sparsifier<CSC<100, 100>>>> b(t, l);
-      b.sparsifier().set_warmup(0, 0);
-      std::mt19937 rng(unsigned(t.rank()));
-      for (int it = 0; it < 4; ++it) {
-        for (std::size_t i = 0; i < l.size(); ++i) {
-          for (auto& x : a.view(i)) x = std::uniform_real_distribution<float>(-3, 3)(rng);
-          std::copy(a.view(i).begin(), a.view(i).end(), b.view(i).begin());
+    for (bool average : {true, false}) {
+      CAPTURE(P);
+      CAPTURE(average);
+      std::vector<std::size_t> dense_bytes(static_cast<std::size_t>(P)), csc_bytes(static_cast<std::size_t>(P));
+      inproc::run(P, [&](inproc::transport& t) {
+        exchange_options o;
+        o.average = average;
+        on_inproc<Exchanger<Precision<W>, Fusion<2048>>> a(t, l, o);
+        on_inproc<Exchanger<Precision<W>, Fusion<2048>, Sparsifier<CSC<100, 100>>>> b(t, l, o);
+        b.sparsifier().set_warmup(0, 0);
+        std::mt19937 rng(unsigned(t.rank()));
+        const std::size_t n = a.pool_size();
+        const float scale = average ? 1.0f / float(P) : 1.0f, unscale = average ? float(P) : 1.0f;
+        std::size_t kept = 0;
+        for (int it = 0; it < 4; ++it) {
+          for (std::size_t i = 0; i < l.size(); ++i)
+            for (auto& x : b.view(i)) x = std::uniform_real_distribution<float>(-3, 3)(rng);
+          std::vector<float> g(n);
+          for (std::size_t k = 0; k < n; ++k) g[k] = b.pool_data()[k] + b.sparsifier().residual()[k];
+          std::copy(g.begin(), g.end(), a.pool_data());
+          for (std::size_t i = 0; i < l.size(); ++i) {
+            a.ready(i);
+            b.ready(i);
+          }
+          auto sa = a.finish();
+          auto sb = b.finish();
+          CHECK(sa.nonfinite == sb.nonfinite);
+          CHECK(std::memcmp(a.pool_data(), b.pool_data(), n * sizeof(float)) == 0);
+          CHECK(b.sparsifier().selected_chunks().size() == b.sparsifier().chunk_count());
+          dense_bytes[std::size_t(t.rank())] = sa.wire_bytes;
+          csc_bytes[std::size_t(t.rank())] = sb.wire_bytes;
+          // The history: 0 with fp32; the rounding error of this iteration's encoding otherwise.
+          std::size_t bad = 0;
+          for (std::size_t k = 0; k < n; ++k) {
+            float want = 0.0f;
+            if constexpr (narrow) {
+              want = g[k] - kernels::to_float(kernels::wire_cast<wt>(g[k] * scale)) * unscale;
+              kept += want != 0.0f;
+            }
+            bad += std::memcmp(&want, &b.sparsifier().residual()[k], sizeof(float)) != 0;
+          }
+          CHECK(bad == 0);
         }
-        for (std::size_t i = 0; i < l.size(); ++i) {
-          a.ready(i);
-          b.ready(i);
-        }
-        auto sa = a.finish();
-        auto sb = b.finish();
-        CHECK(sa.nonfinite == sb.nonfinite);
-        CHECK(std::memcmp(a.pool_data(), b.pool_data(), a.pool_size() * sizeof(float)) == 0);
-        CHECK(b.sparsifier().selected_chunks().size() == b.sparsifier().chunk_count());
-        dense_bytes[std::size_t(t.rank())] = sa.wire_bytes;
-        csc_bytes[std::size_t(t.rank())] = sb.wire_bytes;
-      }
-      for (float x : b.sparsifier().residual()) CHECK(x == 0.0f);
-    });
-    CHECK(dense_bytes == csc_bytes);  // no norm collective when every chunk is always exchanged
+        if constexpr (narrow) CHECK(kept > 0);  // the random values do not round-trip
+      });
+      CHECK(dense_bytes == csc_bytes);  // no norm collective when every chunk is always exchanged
+    }
   }
 }
 

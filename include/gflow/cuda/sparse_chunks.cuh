@@ -19,9 +19,9 @@
 //
 // Results: the element-wise parts (compaction, scatter, pool + hist, m * g) are bit-identical to
 // the host kernels (explicit __fadd_rn / __fmul_rn: no contraction into FMA whatever the flags).
-// The L1 norms are summed in double in another order than the host's sequential double sum, so
-// they may differ from it in the last float bit; a GPU run selects from GPU norms on every rank,
-// so ranks still agree. The selection is exact: a stable radix sort (CUB) on the same keys as
+// The L1 norms are summed in double in another order than the host's 8 interleaved partial
+// sums, so they may differ from it in the last float bit; a GPU run selects from GPU norms on
+// every rank, so ranks still agree. The selection is exact: a stable radix sort (CUB) on the same keys as
 // kernels::chunk_key (NaN highest), so equal norms go to the lower index as on the host.
 //
 // Shape: one block of 256 threads per listed chunk (grid-stride over the list), threads stride

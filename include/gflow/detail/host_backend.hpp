@@ -10,6 +10,8 @@
 //     wire_to_float(in, out, n)      out = float(in); counts non-finite results
 //     scale_in_place(buf, n, s)      buf *= s; counts non-finite results
 //     count_nonfinite(buf, n)        counts non-finite results
+//     add_nonfinite(k)               adds k to the count (host only: for engines that count while
+//                                    they scatter, CSC)
 //     copy(dst, src, n)              src lives in the same memory space
 //     take_nonfinite()               the count since the last call (device: synchronises)
 //     order_after_producer()         before a bucket's work: device contexts make their stream
@@ -66,6 +68,7 @@ struct host_backend {
     void wire_to_float(const W* in, float* out, std::size_t n) { bad_ += kernels::wire_to_float(in, out, n); }
     void scale_in_place(float* buf, std::size_t n, float s) { bad_ += kernels::scale_in_place(buf, n, s); }
     void count_nonfinite(const float* buf, std::size_t n) { bad_ += kernels::count_nonfinite(buf, n); }
+    void add_nonfinite(std::size_t k) { bad_ += k; }
     void copy(float* dst, const float* src, std::size_t n) { if (n && dst != src) std::memmove(dst, src, n * sizeof(float)); }
     std::size_t take_nonfinite() { const std::size_t b = bad_; bad_ = 0; return b; }
     void order_after_producer() {}  // host gradients are complete when ready() is called

@@ -1,7 +1,9 @@
 #pragma once
 // Host kernels of coarse-grained sparse communication (CSC, paper 000 section 3.2 and
 // Algorithm 1). These are the references: the CUDA twins in include/gflow/cuda/sparse_chunks.cuh
-// have the same semantics (tests/cuda/test_csc.cu compares them).
+// have the same semantics (tests/cuda/test_csc.cu compares them) for the kernels they have (not
+// yet compact_chunks_to_wire, scatter_chunks_counted, scatter_chunks_from_wire: the engine's
+// device path does not exist).
 //
 // The pool of n elements is cut into chunks of C elements: chunk c covers
 // [c * C, min((c + 1) * C, n)), so only the last chunk can be partial. Chunk lists are arrays of
@@ -9,9 +11,19 @@
 //
 //   chunk_l1_norms(pool, n, C, list, count, norms, scale)   norms[c] = scale * sum |pool[i]|, i in chunk c
 //   compact_chunks(pool, hist, n, C, list, count, out)      out = pool + hist over the listed chunks, back to
-//                                                            back; hist = 0 there (Algorithm 1, selected)
+//                                                            back; hist = 0 there (Algorithm 1, selected;
+//                                                            the fp32 wire)
+//   compact_chunks_to_wire(pool, hist, n, C, list, count,   g = pool + hist; out = W(g * s) back to back;
+//                          out, s, u)                        hist = g - float(out) * u there, the rounding
+//                                                            error of the 16-bit encoding (0 where that is
+//                                                            inf/NaN); s = 1/P, u = P when averaging, else 1
 //   scatter_chunks(buf, pool, n, C, list, count, norms, s)  pool = buf over the listed chunks; optionally
 //                                                            norms[c] = s * L1 of what was scattered
+//   scatter_chunks_counted(buf, pool, ..., mul, v, norms, s) the same with pool = buf * v when mul (the fp32
+//                                                            average), returning how many values written are
+//                                                            inf/NaN
+//   scatter_chunks_from_wire(wire, pool, ..., norms, s)     pool = float(wire) over the listed chunks, norms as
+//                                                            above; returns how many are inf/NaN
 //   defer_chunks(pool, hist, n, C, list, count, m, norms)   g = pool + hist; norms[c] = L1(g); hist = m * g
 //                                                            (0 where g is inf/NaN); pool = 0 (Algorithm 1,
 //                                                            unselected)
@@ -20,13 +32,35 @@
 //                                                            ties to the lower index, ascending;
 //                                                            out[k, chunks): the others, ascending
 //
-// L1 norms are accumulated in double per chunk and rounded to float once.
+// L1 norms are accumulated in double, in a fixed order that every rank shares (all ranks run
+// this code): 8 partial sums, partial k adding |x_j| for the chunk's elements j = k, k + 8,
+// k + 16, ... (j counted from the chunk's first element) in increasing j; the norm is
+// ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)), rounded to float once, then times the scale
+// in float. Eight independent sums instead of one sequential chain let the loops vectorise; the
+// CUDA twins add in yet another order (tests/cuda compare with a tolerance).
+//
+// The loops are written in groups of 8 with restrict-qualified pointers so that GCC and Clang
+// vectorise them (SSE2 baseline; no target flags needed); the pointers of one call must not
+// overlap. Kernels that convert to or from a 16-bit wire type go through kernels/cast.hpp (AVX2 +
+// F16C where available, bitwise identical to the scalar reference).
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
+
+#include "cast.hpp"
+
+// GCC -O2 does not vectorise a loop whose trip count is unknown; a fully unrolled group of 8 it
+// does (basic-block SLP), so the groups of 8 below are unrolled explicitly. Not under nvcc, whose
+// front end does not know the pragma (warning 1675) even in host code.
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#define GFLOW_UNROLL8 _Pragma("GCC unroll 8")
+#else
+#define GFLOW_UNROLL8
+#endif
 
 namespace gflow::kernels {
 
@@ -36,6 +70,62 @@ inline constexpr std::size_t chunk_end(std::size_t c, std::size_t n, std::size_t
   const std::size_t e = (c + 1) * C;
   return e < n ? e : n;
 }
+
+/// The norm's partial sums (see the header comment): lane k adds |v[j]| for j = k mod 8. v[0]
+/// must sit at a multiple of 8 from its chunk's start.
+inline void l1_add(double (&s)[8], const float* __restrict v, std::size_t m) noexcept {
+  std::size_t j = 0;
+  for (; j + 8 <= m; j += 8)
+    GFLOW_UNROLL8
+    for (std::size_t k = 0; k < 8; ++k) s[k] += std::fabs(static_cast<double>(v[j + k]));
+  for (std::size_t k = 0; j < m; ++j, ++k) s[k] += std::fabs(static_cast<double>(v[j]));
+}
+
+inline float l1_total(const double (&s)[8]) noexcept {
+  return static_cast<float>(((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
+}
+
+/// o = p + h; h = 0.
+inline void add_and_clear(const float* __restrict p, float* __restrict h, float* __restrict o, std::size_t m) noexcept {
+  std::size_t j = 0;
+  for (; j + 8 <= m; j += 8)
+    GFLOW_UNROLL8
+    for (std::size_t k = 0; k < 8; ++k) {
+      o[j + k] = p[j + k] + h[j + k];
+      h[j + k] = 0.0f;
+    }
+  for (; j < m; ++j) {
+    o[j] = p[j] + h[j];
+    h[j] = 0.0f;
+  }
+}
+
+/// out = in (times vs when Mul) over one range, adding |out| to the norm's lanes (out[0] at a
+/// multiple of 8 from its chunk's start); returns how many values written are inf/NaN (m < 2^32).
+template <bool Mul>
+std::size_t scatter_range(const float* __restrict in, float* __restrict out, std::size_t m, float vs, double (&s)[8]) noexcept {
+  std::uint32_t bad[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    float v[8];
+    GFLOW_UNROLL8
+    for (std::size_t l = 0; l < 8; ++l) v[l] = Mul ? in[i + l] * vs : in[i + l];
+    GFLOW_UNROLL8
+    for (std::size_t l = 0; l < 8; ++l) out[i + l] = v[l];
+    GFLOW_UNROLL8
+    for (std::size_t l = 0; l < 8; ++l) s[l] += std::fabs(static_cast<double>(v[l]));
+    GFLOW_UNROLL8
+    for (std::size_t l = 0; l < 8; ++l) bad[l] += nonfinite_bit(v[l]);
+  }
+  for (std::size_t l = 0; i < m; ++i, ++l) {
+    const float v = Mul ? in[i] * vs : in[i];
+    out[i] = v;
+    s[l] += std::fabs(static_cast<double>(v));
+    bad[l] += nonfinite_bit(v);
+  }
+  return std::size_t{bad[0]} + bad[1] + bad[2] + bad[3] + bad[4] + bad[5] + bad[6] + bad[7];
+}
+
 }  // namespace detail
 
 /// norms[list[j]] = scale * (L1 norm of chunk list[j] of the pool), for j < count.
@@ -43,9 +133,10 @@ inline void chunk_l1_norms(const float* pool, std::size_t n, std::size_t C, cons
                            float scale = 1.0f) noexcept {
   for (std::size_t j = 0; j < count; ++j) {
     const std::size_t c = list[j];
-    double s = 0;
-    for (std::size_t i = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C); i < e; ++i) s += std::fabs(pool[i]);
-    norms[c] = scale * static_cast<float>(s);
+    const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
+    double s[8] = {};
+    detail::l1_add(s, pool + b, e - b);
+    norms[c] = scale * detail::l1_total(s);
   }
 }
 
@@ -57,15 +148,28 @@ inline std::size_t compact_chunks(const float* pool, float* hist, std::size_t n,
   for (std::size_t j = 0; j < count; ++j) {
     const std::size_t c = list[j];
     const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
-    if (hist != nullptr) {
-      for (std::size_t i = b; i < e; ++i) {
-        out[k++] = pool[i] + hist[i];
-        hist[i] = 0.0f;
-      }
-    } else {
-      std::copy(pool + b, pool + e, out + k);
-      k += e - b;
-    }
+    if (hist != nullptr) detail::add_and_clear(pool + b, hist + b, out + k, e - b);
+    else if (e > b) std::memcpy(out + k, pool + b, (e - b) * sizeof(float));
+    k += e - b;
+  }
+  return k;
+}
+
+/// compact_chunks for a 16-bit wire, with the cast fused in: per element of the listed chunks,
+/// g = pool + hist, out = wire_cast<W>(g * scale) back to back, and hist keeps the rounding
+/// error of that encoding, g - to_float(out) * unscale, or 0 where that is inf/NaN (g, or its
+/// encoding, not finite: non-finite values never enter the history). With scale = 1/P and
+/// unscale = P (averaging) or both 1 (sums), sum over ranks of (P or 1) * to_float(out) + hist
+/// is the sum of g exactly, as far as the 16-bit sum itself is exact. Returns the elements written.
+template <class W>
+std::size_t compact_chunks_to_wire(const float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                   W* out, float scale, float unscale) noexcept {
+  std::size_t k = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::size_t c = list[j];
+    const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
+    add_to_wire_keep_error(pool + b, hist + b, out + k, e - b, scale, unscale);
+    k += e - b;
   }
   return k;
 }
@@ -80,19 +184,61 @@ inline std::size_t scatter_chunks(const float* buf, float* pool, std::size_t n, 
     const std::size_t c = list[j];
     const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
     if (norms != nullptr) {
-      double s = 0;
-      for (std::size_t i = b; i < e; ++i) {
-        const float v = buf[k++];
-        pool[i] = v;
-        s += std::fabs(v);
-      }
-      norms[c] = scale * static_cast<float>(s);
-    } else {
-      std::copy(buf + k, buf + k + (e - b), pool + b);
-      k += e - b;
+      double s[8] = {};
+      for (std::size_t o = b; o < e; o += detail::count_block)
+        (void)detail::scatter_range<false>(buf + k + (o - b), pool + o, e - o < detail::count_block ? e - o : detail::count_block, 1.0f, s);
+      norms[c] = scale * detail::l1_total(s);
+    } else if (e > b) {
+      std::memcpy(pool + b, buf + k, (e - b) * sizeof(float));
     }
+    k += e - b;
   }
   return k;
+}
+
+/// The end of an fp32 exchange of compacted chunks fused with the scatter: the listed chunks of
+/// pool = buf * value_scale when `multiply` (the average), else a copy of buf (bits kept), read
+/// back to back; norms as scatter_chunks. Returns how many values written are inf or NaN (what
+/// scale_in_place / count_nonfinite would count over the buffer).
+inline std::size_t scatter_chunks_counted(const float* buf, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                          bool multiply, float value_scale, float* norms, float norm_scale) noexcept {
+  std::size_t k = 0, bad = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::size_t c = list[j];
+    const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
+    double s[8] = {};
+    for (std::size_t o = b; o < e; o += detail::count_block) {  // count_block: a multiple of 8, counts fit 32 bits
+      const std::size_t m = e - o < detail::count_block ? e - o : detail::count_block;
+      bad += multiply ? detail::scatter_range<true>(buf + k + (o - b), pool + o, m, value_scale, s)
+                      : detail::scatter_range<false>(buf + k + (o - b), pool + o, m, 1.0f, s);
+    }
+    if (norms != nullptr) norms[c] = norm_scale * detail::l1_total(s);
+    k += e - b;
+  }
+  return bad;
+}
+
+/// The inverse of compact_chunks_to_wire after the exchange: the listed chunks of pool =
+/// to_float(wire), read back to back; norms as scatter_chunks. Returns how many values are inf
+/// or NaN.
+template <class W>
+std::size_t scatter_chunks_from_wire(const W* wire, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                     float* norms, float norm_scale) noexcept {
+  constexpr std::size_t block = 4096;  // a multiple of 8: the norm's lanes run on across blocks
+  std::size_t k = 0, bad = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::size_t c = list[j];
+    const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
+    double s[8] = {};
+    for (std::size_t o = b; o < e; o += block) {
+      const std::size_t mb = e - o < block ? e - o : block;
+      bad += wire_to_float(wire + k + (o - b), pool + o, mb);
+      if (norms != nullptr) detail::l1_add(s, pool + o, mb);  // just written: in L1
+    }
+    if (norms != nullptr) norms[c] = norm_scale * detail::l1_total(s);
+    k += e - b;
+  }
+  return bad;
 }
 
 /// Algorithm 1 for the chunks that are not exchanged this iteration: the accumulated gradient
@@ -105,14 +251,30 @@ inline void defer_chunks(float* pool, float* hist, std::size_t n, std::size_t C,
                          float* norms) noexcept {
   for (std::size_t j = 0; j < count; ++j) {
     const std::size_t c = list[j];
-    double s = 0;
-    for (std::size_t i = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C); i < e; ++i) {
-      const float g = pool[i] + hist[i];
-      s += std::fabs(g);
-      hist[i] = (std::bit_cast<std::uint32_t>(g) & 0x7f800000u) != 0x7f800000u ? momentum * g : 0.0f;
-      pool[i] = 0.0f;
+    const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
+    float* __restrict p = pool + b;
+    float* __restrict h = hist + b;
+    const std::size_t m = e - b;
+    double s[8] = {};
+    std::size_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+      float g[8];
+      GFLOW_UNROLL8
+      for (std::size_t l = 0; l < 8; ++l) g[l] = p[i + l] + h[i + l];
+      GFLOW_UNROLL8
+      for (std::size_t l = 0; l < 8; ++l) s[l] += std::fabs(static_cast<double>(g[l]));
+      GFLOW_UNROLL8
+      for (std::size_t l = 0; l < 8; ++l) h[i + l] = finite_or_zero(momentum * g[l]);
+      GFLOW_UNROLL8
+      for (std::size_t l = 0; l < 8; ++l) p[i + l] = 0.0f;
     }
-    if (norms != nullptr) norms[list[j]] = static_cast<float>(s);
+    for (std::size_t l = 0; i < m; ++i, ++l) {
+      const float g = p[i] + h[i];
+      s[l] += std::fabs(static_cast<double>(g));
+      h[i] = finite_or_zero(momentum * g);
+      p[i] = 0.0f;
+    }
+    if (norms != nullptr) norms[c] = detail::l1_total(s);
   }
 }
 
@@ -146,3 +308,5 @@ inline void select_top_chunks(const float* norms, std::size_t chunks, std::size_
 }
 
 }  // namespace gflow::kernels
+
+#undef GFLOW_UNROLL8

@@ -13,12 +13,16 @@
 //   1. The pool is cut into chunks of chunk_elems elements (plan/chunks.hpp; the last is partial).
 //   2. As buckets complete (exchange(b), pool order), every chunk that is now complete (its end
 //      <= the bucket's end) is handled, Algorithm 1's "AllReduce Preprocess Step":
-//        - c in S: g + hg is compacted into a buffer and hg = 0;
+//        - c in S: g + hg is compacted into a buffer and hg = 0 (fp32 wire); with a 16-bit wire
+//          the compaction casts, W((g + hg) / P) (or W(g + hg) for sums), and hg keeps the
+//          rounding error of that encoding, (g + hg) - P * float(W) (kernels::
+//          compact_chunks_to_wire), so that the 16-bit wire loses nothing a rank could keep;
 //        - c not in S: g = g + hg, hg = momentum * g, and the pool is cleared there.
 //      With Fusion the buffer is allreduced once it holds at least the fusion threshold in wire
-//      bytes; without Fusion it is allreduced after each bucket that added to it. The allreduce is
-//      the exchanger's dense one (Precision policy: divide by P, cast, reduce through the
-//      Topology, cast back, count inf/NaN), and the result is scattered back into the pool.
+//      bytes; without Fusion it is allreduced after each bucket that added to it. The allreduce
+//      applies the Precision policy as the exchanger's dense one does (divide by P and cast
+//      before, reduce through the Topology, cast back / average and count inf/NaN after), with
+//      the steps fused into the compaction and the scatter of the result back into the pool.
 //   3. end_iteration(): the rest of the buffer is exchanged; then the chunk norms (below) are
 //      allreduced in fp32 through the Topology, and the top `percent` of chunks, ceil, ties to the
 //      lower index (kernels::select_top_chunks), become S for the next iteration.
@@ -37,7 +41,10 @@
 // decayed = (1 - momentum) * g at each iteration the element was kept back. Algorithm 1 keeps
 // momentum * g, so with momentum = 1 nothing decays and the identity is the plain conservation
 // law; momentum < 1 is the paper's choice to let the history decay like a momentum term.
-// tests/test_csc.cpp checks the identity exactly (fp64, 1000+ random iterations).
+// tests/test_csc.cpp checks the identity in fp64 over 1000+ random iterations (relative error
+// <= 1e-5: fp32 additions round), and to the last bit with a 16-bit wire on values for which only
+// the 16-bit encoding rounds. What no rank can keep is the rounding of the 16-bit sum itself
+// (the wire carries W(sum of the ranks' W values)).
 //
 // Chunk norms (paper 000, Figure 18): each rank computes, per chunk, the L1 norm of
 //   - chunks in S: the exchanged values divided by P as a sum, i.e. L1(sum over ranks) / P (the
@@ -47,7 +54,8 @@
 // iteration is sparse or this one was (dense warm-up iterations issue no norm collective).
 // Non-finite gradients (docs/DESIGN.md, "Non-finite values"):
 //   - in a selected chunk, inf/NaN travels and is counted in the averaged result on every rank
-//     (exchange_status::nonfinite); the history there is 0 as for any exchanged chunk;
+//     (exchange_status::nonfinite); the history there is 0 (no rounding error is kept for a
+//     value whose encoding is inf/NaN, nor for a finite value whose fp16 encoding overflows);
 //   - in a kept-back chunk, the element's history becomes 0 instead of m * g (kernels::
 //     defer_chunks: an inf/NaN history would poison every later exchange of the chunk), and the
 //     chunk's norm becomes inf/NaN. Every sparse iteration allreduces the norms, so every rank
@@ -70,9 +78,9 @@
 // "several percent".
 //
 // Memory (allocated in the constructor; no allocation per iteration): the history (one float per
-// pool element), the compaction buffer (one float per pool element, since warm-up exchanges
-// everything), a wire-type scratch of the same length for 16-bit wires, chunk norms and three
-// chunk lists (this iteration's, the last one's for the optimizer, the next one's).
+// pool element), the compaction buffer (one element of the wire type per pool element, since
+// warm-up exchanges everything), chunk norms and three chunk lists (this iteration's, the last
+// one's for the optimizer, the next one's).
 //
 // Host memory only for now: the CUDA kernels exist (cuda/sparse_chunks.cuh) but the engine's
 // device path does not (static_assert below).
@@ -127,9 +135,9 @@ struct CSC {
     static constexpr bool phased = false;
     static constexpr bool independent_buckets = false;
 
-    explicit engine(Ctx& cx)
-        : cx_(&cx), geo_(cx.pool->total, ChunkElems), hist_(geo_.pool_elems()), buf_(geo_.pool_elems()), norms_(geo_.count()) {
-      if constexpr (Ctx::narrow) wire_ = buffer<wire_t>(geo_.pool_elems());
+    explicit engine(Ctx& cx) : cx_(&cx), geo_(cx.pool->total, ChunkElems), hist_(geo_.pool_elems()), norms_(geo_.count()) {
+      if constexpr (Ctx::narrow) wire_ = buffer<wire_t>(geo_.pool_elems());  // compacted straight into the wire type
+      else buf_ = buffer<float>(geo_.pool_elems());
       const std::size_t nc = geo_.count();
       cur_.resize(nc);
       last_.resize(nc);
@@ -164,7 +172,11 @@ struct CSC {
       // Selected chunks in [lo, hi): the next run of the sorted selection.
       const std::size_t s0 = sel_pos_;
       while (sel_pos_ < ncur_ && cur_[sel_pos_] < hi) ++sel_pos_;
-      pending_ += kernels::compact_chunks(pool, hist_.data(), n, ChunkElems, cur_.data() + s0, sel_pos_ - s0, buf_.data() + pending_);
+      if constexpr (Ctx::narrow)  // cast while compacting; the history keeps the encoding's rounding error
+        pending_ += kernels::compact_chunks_to_wire(pool, hist_.data(), n, ChunkElems, cur_.data() + s0, sel_pos_ - s0, wire_.data() + pending_,
+                                                    cx_->mean_scale(), cx_->average ? static_cast<float>(cx_->ranks()) : 1.0f);
+      else
+        pending_ += kernels::compact_chunks(pool, hist_.data(), n, ChunkElems, cur_.data() + s0, sel_pos_ - s0, buf_.data() + pending_);
       // Kept-back chunks in [lo, hi): the next run of the sorted complement.
       const std::size_t u0 = rest_pos_;
       while (rest_pos_ < geo_.count() && cur_[rest_pos_] < hi) ++rest_pos_;
@@ -226,7 +238,8 @@ struct CSC {
 
     // ---- state (saved and restored by Exchanger::save_state / load_state) ----------------------
     /// Algorithm 1's historical gradient hg, one per pool element (pool order): momentum * g for
-    /// chunks this rank kept back, 0 for chunks exchanged.
+    /// chunks this rank kept back; for chunks exchanged 0 (fp32 wire) or the rounding error of
+    /// the 16-bit encoding (fp16 / bf16 wire), which goes out with the chunk's next exchange.
     [[nodiscard]] std::span<const float> residual() const noexcept { return {hist_.data(), hist_.size()}; }
     [[nodiscard]] std::span<float> residual() noexcept { return {hist_.data(), hist_.size()}; }
     /// The chunk norms of the iteration finish() last completed (allreduced when that happened).
@@ -361,15 +374,25 @@ struct CSC {
                           "change CSC settings between finish() and the next ready().");
     }
 
-    // Allreduce the compacted chunks cur_[flushed_, sel_pos_) and scatter them back; their norms
-    // (divided by P as a sum) come from the scatter.
+    // Allreduce the compacted chunks cur_[flushed_, sel_pos_) through the Topology and scatter
+    // them back; their norms (divided by P as a sum) come from the scatter. The Precision steps of
+    // exchange_context::dense_allreduce, fused into the compaction and the scatter: a 16-bit wire
+    // was divided by P and cast while compacting, and is widened (inf/NaN counted) while
+    // scattering; an fp32 buffer is averaged (when asked) and counted while scattering.
     void flush() {
-      wire_t* wire = nullptr;
-      if constexpr (Ctx::narrow) wire = wire_.data();
-      cx_->dense_allreduce(buf_.data(), pending_, wire);
       const float to_sum_over_p = cx_->average ? 1.0f : 1.0f / static_cast<float>(cx_->ranks());
-      kernels::scatter_chunks(buf_.data(), cx_->grads, geo_.pool_elems(), ChunkElems, cur_.data() + flushed_, sel_pos_ - flushed_, norms_.data(),
-                              to_sum_over_p);
+      const std::uint32_t* list = cur_.data() + flushed_;
+      const std::size_t count = sel_pos_ - flushed_, n = geo_.pool_elems();
+      std::size_t bad;
+      if constexpr (Ctx::narrow) {
+        cx_->topology->run(wire_.data(), pending_);
+        bad = kernels::scatter_chunks_from_wire(wire_.data(), cx_->grads, n, ChunkElems, list, count, norms_.data(), to_sum_over_p);
+      } else {
+        cx_->topology->run(buf_.data(), pending_);
+        bad = kernels::scatter_chunks_counted(buf_.data(), cx_->grads, n, ChunkElems, list, count, cx_->average, cx_->mean_scale(), norms_.data(),
+                                              to_sum_over_p);
+      }
+      cx_->kernels->add_nonfinite(bad);
       bytes_ += pending_ * sizeof(wire_t);
       ++collectives_;
       pending_ = 0;

@@ -131,8 +131,37 @@ A combine(reduce_op op, A a, A b) {
   return a;
 }
 
+// 16-bit types: the same fp32 accumulation in rank order and one rounding per element, in
+// blocks of a stack buffer, so that widening, the op and the rounding run as the SIMD kernels
+// of kernels/cast.hpp (bitwise identical to load / combine / store above).
+template <class T, reduce_op Op>
+void reduce16_op(slot& s, group& g, bool all) {
+  constexpr std::size_t block = 2048;
+  float acc[block];
+  const std::size_t n = s.sig.count;
+  for (std::size_t base = 0; base < n; base += block) {
+    const std::size_t m = n - base < block ? n - base : block;
+    (void)kernels::wire_to_float(static_cast<const T*>(s.ptr[0]) + base, acc, m);
+    for (int r = 1; r < g.size; ++r) kernels::accumulate_wire<Op>(static_cast<const T*>(s.ptr[r]) + base, acc, m);
+    T* first = static_cast<T*>(s.ptr[all ? 0 : s.sig.root]) + base;
+    kernels::to_wire(acc, first, m);
+    if (all)
+      for (int r = 1; r < g.size; ++r) std::memcpy(static_cast<T*>(s.ptr[r]) + base, first, m * sizeof(T));
+  }
+}
+
+template <class T>
+void reduce16(slot& s, group& g, bool all) {
+  switch (s.sig.op) {
+    case reduce_op::sum: return reduce16_op<T, reduce_op::sum>(s, g, all);
+    case reduce_op::max: return reduce16_op<T, reduce_op::max>(s, g, all);
+    case reduce_op::min: return reduce16_op<T, reduce_op::min>(s, g, all);
+  }
+}
+
 template <class T>
 void exec_all_reduce(slot& s, group& g) {
+  if constexpr (kernels::is_wire16<T>) return reduce16<T>(s, g, true);
   const std::size_t n = s.sig.count;
   for (std::size_t j = 0; j < n; ++j) {
     acc_t<T> acc = load(static_cast<T*>(s.ptr[0])[j]);
@@ -144,6 +173,7 @@ void exec_all_reduce(slot& s, group& g) {
 
 template <class T>
 void exec_reduce(slot& s, group& g) {
+  if constexpr (kernels::is_wire16<T>) return reduce16<T>(s, g, false);
   const std::size_t n = s.sig.count;
   T* root = static_cast<T*>(s.ptr[s.sig.root]);
   for (std::size_t j = 0; j < n; ++j) {

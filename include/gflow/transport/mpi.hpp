@@ -121,17 +121,7 @@ inline void check(int rc, const char* op, const std::string& where, const char* 
 
 template <class T, reduce_op Op>
 void combine16(void* in, void* inout, const std::size_t n) noexcept {
-  const T* a = static_cast<const T*>(in);
-  T* b = static_cast<T*>(inout);
-  for (std::size_t i = 0; i < n; ++i) {
-    const float x = kernels::to_float(a[i]);
-    const float y = kernels::to_float(b[i]);
-    float r;
-    if constexpr (Op == reduce_op::sum) r = x + y;
-    else if constexpr (Op == reduce_op::max) r = x > y ? x : y;
-    else r = x < y ? x : y;
-    b[i] = kernels::wire_cast<T>(r);
-  }
+  kernels::combine_wire<Op>(static_cast<const T*>(in), static_cast<T*>(inout), n);  // b = W(a op b), SIMD where available
 }
 
 #if defined(MPI_VERSION) && MPI_VERSION >= 4
