@@ -19,6 +19,8 @@
 #include <gflow/transport/inproc.hpp>
 #include <gflow/transport/mpi.hpp>
 
+#include "suites.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +30,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <chrono>
 #include <vector>
 
@@ -36,6 +39,7 @@ namespace {
 struct options {
   std::string suite = "exchange";
   std::string layout = "resnet50";
+  bool layout_given = false;
   std::string wire = "fp32";
   std::size_t threshold = 4u << 20;
   bool quick = false;
@@ -53,7 +57,8 @@ struct options {
                "gflow_bench: %s\n"
                "usage: bench/run exchange|overlap [--ranks N] [--layout NAME|PATH] [--threshold BYTES] [--wire fp32|fp16|bf16]\n"
                "                          [--quick] [--sweep] [--iters N] [--warmup N] [--compute-ratio R]\n"
-               "       bench/run sparse [--ranks N] [--layout L] [--density 0.001,0.01] [--transport mpi|inproc]\n",
+               "       bench/run sparse [--ranks N] [--layout L] [--density 0.001,0.01] [--transport mpi|inproc]\n"
+               "       bench/run kernels [--layout L1,L2 (default resnet50,gpt2_small)] [--iters N] [--warmup N]\n",
                why.c_str());
   MPI_Abort(MPI_COMM_WORLD, 2);
   std::exit(2);
@@ -82,7 +87,10 @@ options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage("missing value after " + a);
       return argv[++i];
     };
-    if (a == "--layout") o.layout = next();
+    if (a == "--layout") {
+      o.layout = next();
+      o.layout_given = true;
+    }
     else if (a == "--wire") o.wire = next();
     else if (a == "--threshold") o.threshold = parse_bytes(next());
     else if (a == "--quick") o.quick = true;
@@ -108,8 +116,9 @@ options parse(int argc, char** argv) {
     else if (a == "--ranks") o.ranks = std::stoi(next());  // MPI ranks are bench/run's business
     else usage("unknown option '" + a + "'");
   }
-  if (o.suite != "exchange" && o.suite != "overlap" && o.suite != "sparse")
-    usage("unknown suite '" + o.suite + "' (available: exchange, overlap, sparse)");
+  if (o.suite != "exchange" && o.suite != "overlap" && o.suite != "sparse" && o.suite != "kernels")
+    usage("unknown suite '" + o.suite + "' (available: exchange, overlap, sparse, kernels)");
+  if (o.suite == "kernels" && !o.layout_given) o.layout = "resnet50,gpt2_small";
   if (o.transport != "mpi" && o.transport != "inproc") usage("--transport must be mpi or inproc");
   for (double d : o.densities)
     if (!(d > 0 && d <= 1)) usage("--density values must be in (0, 1]");
@@ -156,14 +165,14 @@ struct hand_written {
       for (std::size_t i = 0; i < n; ++i) pool[off + i] *= inv;
     } else if (fmt == "fp16") {
       auto* w = static_cast<gflow::half*>(wire) + off;
-      for (std::size_t i = 0; i < n; ++i) w[i] = gflow::kernels::to_half(pool[off + i] * inv);
+      gflow::kernels::scale_to_wire(pool + off, w, n, inv);
       MPI_Allreduce(MPI_IN_PLACE, w, static_cast<int>(n), t16, op_half, MPI_COMM_WORLD);
-      for (std::size_t i = 0; i < n; ++i) pool[off + i] = gflow::kernels::to_float(w[i]);
+      (void)gflow::kernels::wire_to_float(w, pool + off, n);
     } else {
       auto* w = static_cast<gflow::bfloat16*>(wire) + off;
-      for (std::size_t i = 0; i < n; ++i) w[i] = gflow::kernels::to_bfloat16(pool[off + i] * inv);
+      gflow::kernels::scale_to_wire(pool + off, w, n, inv);
       MPI_Allreduce(MPI_IN_PLACE, w, static_cast<int>(n), t16, op_bf16, MPI_COMM_WORLD);
-      for (std::size_t i = 0; i < n; ++i) pool[off + i] = gflow::kernels::to_float(w[i]);
+      (void)gflow::kernels::wire_to_float(w, pool + off, n);
     }
   }
 };
@@ -289,6 +298,30 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
                   if (!st.finite()) std::fprintf(stderr, "gflow_bench: non-finite result\n");
                 },
                 [&] { std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float)); }, {}});
+  // The same exchanger on a transport without timeouts (plain blocking MPI calls on this
+  // thread): what the default, timed transport costs is gflow / gflow_untimed.
+  gflow::mpi::transport untimed(MPI_COMM_WORLD, std::chrono::milliseconds(0));
+  on_mpi<E> ex0(untimed, l, eo);
+  vs.push_back({"gflow_untimed", ex0.buckets().size(),
+                [&] {
+                  for (std::size_t k = l.size(); k-- > 0;) ex0.ready(k);
+                  (void)ex0.finish();
+                },
+                [&] { std::memcpy(ex0.pool_data(), fresh.data(), total * sizeof(float)); }, {}});
+  // With a 16-bit wire, the fp32 exchange of the same pool in the same run (bench/run exchange
+  // --wire fp16 reports gflow / gflow_fp32).
+  using E32 = gflow::Exchanger<gflow::Precision<gflow::wire::fp32>, gflow::Fusion<(4u << 20)>>;
+  std::optional<on_mpi<E32>> ex32;
+  if constexpr (!std::is_same_v<Wire, gflow::wire::fp32>) {
+    ex32.emplace(tr, l, eo);
+    auto* e = &*ex32;
+    vs.push_back({"gflow_fp32", e->buckets().size(),
+                  [e, &l] {
+                    for (std::size_t k = l.size(); k-- > 0;) e->ready(k);
+                    (void)e->finish();
+                  },
+                  [e, &fresh, total] { std::memcpy(e->pool_data(), fresh.data(), total * sizeof(float)); }, {}});
+  }
 
   for (int it = 0; it < o.warmup + o.iters; ++it) {
     for (auto& v : vs) {
@@ -425,7 +458,7 @@ void run_overlap_suite(const options& o, const gflow::Layout& l, const std::stri
 
 // ---- suite sparse ---------------------------------------------------------------------------------
 // Dense (Fusion at --threshold) against TopK and GTopK (selection over the whole pool: no Fusion)
-// on the same gradients. select_s is the exact top-k selection alone (kernels::select_topk over
+// on the same gradients. select_s is the exact top-k selection alone (kernels::select_topk_sampled over
 // the pool, what the engines run), timed on the same data in the same run; comm_s = the
 // iteration minus select_s (derived, reported as such).
 struct sparse_result {
@@ -443,8 +476,9 @@ sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, con
   std::vector<float> fresh(total);
   for (std::size_t i = 0; i < total; ++i)
     fresh[i] = static_cast<float>(((i * 2654435761u + static_cast<std::size_t>(t.rank()) * 40503u) % 20011)) / 10000.0f - 1.0f;
-  std::vector<std::uint32_t> scratch(selects ? total : 0);
   const std::size_t k = gflow::plan::k_for(density, total);
+  gflow::kernels::topk_workspace ws;
+  if (selects) ws.reserve(total, k);
   std::vector<std::uint64_t> picked(selects ? k : 0);
   std::vector<double> tt, st;
   std::size_t bytes = 0;
@@ -460,7 +494,7 @@ sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, con
     if (selects) {
       t.barrier();
       auto s0 = std::chrono::steady_clock::now();
-      (void)gflow::kernels::select_topk(fresh.data(), total, k, 0, picked.data(), scratch.data());
+      (void)gflow::kernels::select_topk_sampled(fresh.data(), total, k, 0, picked.data(), ws);  // the engines' selection
       ds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
     }
     t.all_reduce(&dt, 1, gflow::reduce_op::max);
@@ -525,6 +559,29 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &P);
   const options o = parse(argc, argv);
+  if (o.suite == "kernels") {
+    int rc = 0;
+    if (rank == 0) {
+      gflow_bench::kernels_options ko;
+      ko.iters = o.iters;
+      ko.warmup = o.warmup;
+      try {
+        for (std::size_t p0 = 0; p0 <= o.layout.size();) {
+          const std::size_t c = o.layout.find(',', p0);
+          std::string name = o.layout.substr(p0, c == std::string::npos ? std::string::npos : c - p0);
+          ko.sizes.push_back({name, load_layout(name).total_numel()});
+          if (c == std::string::npos) break;
+          p0 = c + 1;
+        }
+        rc = gflow_bench::run_kernels_suite(ko);
+      } catch (const gflow::error& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        rc = 2;
+      }
+    }
+    MPI_Finalize();
+    return rc;
+  }
   gflow::Layout l;
   try {
     l = load_layout(o.layout);
@@ -593,19 +650,27 @@ int main(int argc, char** argv) {
     all.insert(all.end(), rs.begin(), rs.end());
   }
   if (rank == 0) {
-    std::fprintf(stderr, "%-16s %14s %6s %12s %12s %12s %10s\n", "variant", "threshold_B", "colls", "median_ms", "p10_ms", "p90_ms", "vs_bucket");
-    std::map<std::size_t, double> bucketed;
-    for (auto& r : all)
-      if (r.name == "mpi_bucketed") bucketed[r.threshold] = r.s.median;
+    std::fprintf(stderr, "%-20s %14s %6s %12s %12s %12s %10s %8s\n", "variant", "threshold_B", "colls", "median_ms", "p10_ms", "p90_ms", "vs_bucket",
+                 o.wire == "fp32" ? "" : "vs_fp32");
+    std::map<std::size_t, double> bucketed, fp32;
     for (auto& r : all) {
-      const double ratio = (r.name == "gflow" && bucketed.count(r.threshold)) ? r.s.median / bucketed[r.threshold] : 0.0;
-      std::fprintf(stderr, "%-16s %14zu %6zu %12.3f %12.3f %12.3f %10s\n", r.name.c_str(), r.threshold, r.collectives, r.s.median * 1e3,
-                   r.s.p10 * 1e3, r.s.p90 * 1e3, ratio > 0 ? (std::to_string(ratio).substr(0, 5)).c_str() : "");
+      if (r.name == "mpi_bucketed") bucketed[r.threshold] = r.s.median;
+      if (r.name == "gflow_fp32") fp32[r.threshold] = r.s.median;
+    }
+    auto fmt = [](double v) { return v > 0 ? std::to_string(v).substr(0, 5) : std::string(); };
+    for (auto& r : all) {
+      const bool ours = r.name.rfind("gflow", 0) == 0;
+      const double ratio = (ours && bucketed.count(r.threshold)) ? r.s.median / bucketed[r.threshold] : 0.0;
+      const double vs32 = (r.name == "gflow" && fp32.count(r.threshold)) ? r.s.median / fp32[r.threshold] : 0.0;
+      std::fprintf(stderr, "%-20s %14zu %6zu %12.3f %12.3f %12.3f %10s %8s\n", r.name.c_str(), r.threshold, r.collectives, r.s.median * 1e3,
+                   r.s.p10 * 1e3, r.s.p90 * 1e3, fmt(ratio).c_str(), fmt(vs32).c_str());
       std::printf(
           "{\"suite\":\"exchange\",\"layout\":\"%s\",\"ranks\":%d,\"variant\":\"%s\",\"wire\":\"%s\",\"threshold_bytes\":%zu,"
-          "\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"bytes_per_rank\":%zu,\"collectives\":%zu,\"iterations\":%d%s}\n",
-          layout_name.c_str(), P, r.name.c_str(), o.wire.c_str(), r.threshold, r.s.median, r.s.p10, r.s.p90, payload, r.collectives, o.iters,
-          ratio > 0 ? (",\"ratio_vs_mpi_bucketed\":" + std::to_string(ratio)).c_str() : "");
+          "\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"bytes_per_rank\":%zu,\"collectives\":%zu,\"iterations\":%d%s%s}\n",
+          layout_name.c_str(), P, r.name.c_str(), o.wire.c_str(), r.threshold, r.s.median, r.s.p10, r.s.p90,
+          r.name == "gflow_fp32" ? l.total_numel() * 4 : payload, r.collectives, o.iters,
+          ratio > 0 ? (",\"ratio_vs_mpi_bucketed\":" + std::to_string(ratio)).c_str() : "",
+          vs32 > 0 ? (",\"ratio_vs_gflow_fp32\":" + std::to_string(vs32)).c_str() : "");
     }
     if (o.sweep) {
       const variant_result* best = nullptr;

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Re-measures the tables of docs/BENCHMARKS.md into docs/results/*.jsonl, section by section.
+#   bench/measure.sh SECTION... [--repeats N]
+# Sections:
+#   exchange  gflow (timed transport) vs gflow_untimed vs hand-written MPI: resnet50, gpt2_small,
+#             resnet20 at 2 and 4 ranks, N repeats each (ex_<layout>_<P>[_rK].jsonl)
+#   wire      fp16 and bf16 wire against the fp32 exchange in the same run: resnet50, 4 ranks
+#   kernels   every host kernel against a same-run copy (kernels.jsonl)
+#   sparse    dense / TopK / GTopK / CSC: resnet50, alexnet, gpt2_small at 2, 4, 8 MPI ranks and
+#             2, 4 in-process ranks, resnet50 at 8 in-process ranks (sp_*.jsonl)
+#   topology  Ring vs Hierarchical vs Hybrid on shared memory, resnet50, 4 and 8 ranks
+# Run it alone on the machine: a compile or a test beside it makes the numbers worthless.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+out="$root/docs/results"
+repeats=3
+sections=()
+while (($#)); do
+  case "$1" in
+    --repeats) repeats="$2"; shift 2 ;;
+    exchange|wire|kernels|sparse|topology) sections+=("$1"); shift ;;
+    *) echo "bench/measure.sh: unknown argument '$1' (sections: exchange wire kernels sparse topology; --repeats N)" >&2; exit 2 ;;
+  esac
+done
+((${#sections[@]})) || { echo "usage: bench/measure.sh exchange|wire|kernels|sparse|topology... [--repeats N]" >&2; exit 2; }
+run() {  # run OUTFILE ARGS...: one bench/run invocation, progress on stderr
+  local f="$1"; shift
+  printf '[%s] bench/run %s > %s\n' "$(date +%T)" "$*" "${f#$root/}" >&2
+  "$root/bench/run" "$@" > "$f"
+}
+for s in "${sections[@]}"; do
+  case "$s" in
+    exchange)
+      for r in $(seq 1 "$repeats"); do  # repeats interleaved across configurations
+        for l in resnet50 gpt2_small resnet20; do
+          for p in 2 4; do
+            suffix=""; ((r > 1)) && suffix="_r$r"
+            run "$out/ex_${l}_${p}${suffix}.jsonl" exchange --layout "$l" --ranks "$p"
+          done
+        done
+      done ;;
+    wire)
+      for r in $(seq 1 "$repeats"); do
+        for w in fp16 bf16; do
+          suffix=""; ((r > 1)) && suffix="_r$r"
+          run "$out/ex_resnet50_4_${w}${suffix}.jsonl" exchange --layout resnet50 --ranks 4 --wire "$w"
+        done
+      done ;;
+    kernels)
+      run "$out/kernels.jsonl" kernels --layout resnet50,gpt2_small ;;
+    sparse)
+      for l in resnet50 alexnet gpt2_small; do
+        for p in 2 4 8; do run "$out/sp_${l}_mpi_${p}.jsonl" sparse --layout "$l" --ranks "$p" --quick; done
+        for p in 2 4; do run "$out/sp_${l}_inproc_${p}.jsonl" sparse --layout "$l" --ranks "$p" --transport inproc --quick; done
+      done
+      run "$out/sp_resnet50_inproc_8.jsonl" sparse --layout resnet50 --ranks 8 --transport inproc --quick ;;
+    topology)
+      for p in 4 8; do run "$out/topo_resnet50_${p}.jsonl" exchange --layout resnet50 --ranks "$p" --topology all --quick; done ;;
+  esac
+done
+echo "[$(date +%T)] done" >&2
