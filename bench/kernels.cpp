@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 namespace gflow_bench {
 
 namespace {
@@ -144,9 +146,9 @@ int run_kernels_suite(const kernels_options& o) {
         const double dt = std::chrono::duration<double>(clock::now() - t0).count();
         if (r >= o.warmup) k.times.push_back(dt);
       }
-      std::fprintf(stderr, "\r  round %d/%d", r + 1, o.warmup + o.iters);
+      std::fprintf(stderr, "%s  round %d/%d", isatty(2) ? "\r" : (r ? " " : ""), r + 1, o.warmup + o.iters);
     }
-    std::fprintf(stderr, "\r%40s\r", "");
+    std::fprintf(stderr, isatty(2) ? "\r%40s\r" : "%s\n", "");
     const double copy_t = median(ks.front().times);
     const double copy_bw = 8 * N / copy_t;
     std::fprintf(stderr, "%-26s %10s %10s %10s %10s %10s %12s\n", "kernel", "median_ms", "min_ms", "max_ms", "GB/s", "vs_copy_bw", "x_copy_time");
