@@ -17,6 +17,8 @@
 
 #include <gflow/kernels/cast.hpp>
 
+#include "test_values.hpp"
+
 #include <array>
 #include <bit>
 #include <cmath>
@@ -545,19 +547,6 @@ bool simd_or_skip() {
   return false;
 }
 
-/// Edge patterns: signed zeros, subnormals, the normal boundary, 1 and its neighbours, values
-/// half an ulp of 1 (sums with 1 are ties), the largest finite values, inf, NaNs.
-template <class W>
-std::vector<std::uint16_t> edge16() {
-  if constexpr (std::is_same_v<W, f16>)
-    return {0x0000, 0x8000, 0x0001, 0x8001, 0x0002, 0x03ff, 0x83ff, 0x0400, 0x8400, 0x1000, 0x1400, 0x1800, 0x3c00, 0xbc00,
-            0x3c01, 0x3c03, 0xbc01, 0x4000, 0x6800, 0x6801, 0x3bff, 0x7bff, 0xfbff, 0x7bfe, 0x7800, 0x7c00, 0xfc00, 0x7e00,
-            0xfe00, 0x7c01, 0xfd55, 0x7fff};
-  else
-    return {0x0000, 0x8000, 0x0001, 0x8001, 0x007f, 0x0080, 0x8080, 0x3b80, 0x3b00, 0x3c00, 0x3f80, 0xbf80, 0x3f81, 0x3f83,
-            0xbf81, 0x4000, 0x4380, 0x4381, 0x3f7f, 0x7f7f, 0xff7f, 0x7f7e, 0x7f00, 0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7f81,
-            0xffaa, 0x7fff};
-}
 
 /// Random pairs: half uniform over all patterns, half close in magnitude (the low bits of a
 /// flipped), where sums round and tie.
@@ -715,7 +704,7 @@ TEST_CASE_TEMPLATE("cast SIMD: add_to_wire_keep_error (CSC's compaction) equals 
 
 TEST_CASE_TEMPLATE("cast SIMD: the reduction ops equal the reference on edge pairs and random pairs", W, f16, bf16) {
   if (!simd_or_skip()) return;
-  const auto e = edge16<W>();
+  const auto e = gflow_test::edge_patterns16<W>();
   std::vector<W> a, b;
   for (auto x : e)
     for (auto y : e) {

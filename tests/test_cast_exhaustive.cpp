@@ -13,6 +13,8 @@
 
 #include <gflow/kernels/cast.hpp>
 
+#include "test_values.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -93,24 +95,13 @@ void every_fp32(float scale) {
   CHECK(f.count == 0);
 }
 
-template <class W>
-std::vector<std::uint16_t> edges() {
-  if constexpr (std::is_same_v<W, gflow::half>)
-    return {0x0000, 0x8000, 0x0001, 0x8001, 0x0002, 0x03ff, 0x83ff, 0x0400, 0x8400, 0x1000, 0x1400, 0x1800, 0x3c00, 0xbc00,
-            0x3c01, 0x3c03, 0xbc01, 0x4000, 0x6800, 0x6801, 0x3bff, 0x7bff, 0xfbff, 0x7bfe, 0x7800, 0x7c00, 0xfc00, 0x7e00,
-            0xfe00, 0x7c01, 0xfd55, 0x7fff};
-  else
-    return {0x0000, 0x8000, 0x0001, 0x8001, 0x007f, 0x0080, 0x8080, 0x3b80, 0x3b00, 0x3c00, 0x3f80, 0xbf80, 0x3f81, 0x3f83,
-            0xbf81, 0x4000, 0x4380, 0x4381, 0x3f7f, 0x7f7f, 0xff7f, 0x7f7e, 0x7f00, 0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7f81,
-            0xffaa, 0x7fff};
-}
 
 template <reduce_op Op, class W>
 std::uint64_t pattern_by_edges() {
   std::uint64_t bad = 0;
   std::vector<W> all(0x10000), e(0x10000), want, got;
   for (std::uint32_t p = 0; p <= 0xffffu; ++p) all[p] = W{static_cast<std::uint16_t>(p)};
-  for (std::uint16_t x : edges<W>()) {
+  for (std::uint16_t x : gflow_test::edge_patterns16<W>()) {
     std::fill(e.begin(), e.end(), W{x});
     // every pattern as the incoming operand, the edge value accumulating, and the other way round
     want = e;

@@ -1429,21 +1429,26 @@ TEST_CASE("in-process: a corrupt message deep in the tree stops EVERY rank with 
 namespace gflow_test {  // the counting operator new of test_exchanger.cpp
 extern std::atomic<bool> g_counting;
 extern std::atomic<long> g_allocs;
+
+/// Heap allocations made by `iters` iterations of ex (every tensor ready in layout order, then
+/// finish), with the mock's call log reserved first.
+template <class Ex>
+long allocations_in(Ex& ex, gflow::mock::transport& m, const gflow::Layout& l, int iters) {
+  m.calls().records.reserve(10000);
+  g_allocs = 0;
+  g_counting = true;
+  for (int it = 0; it < iters; ++it) {
+    for (std::size_t i = 0; i < l.size(); ++i) ex.ready(i);
+    (void)ex.finish();
+  }
+  g_counting = false;
+  return g_allocs.load();
+}
 }  // namespace gflow_test
 
 TEST_CASE_TEMPLATE("an iteration allocates nothing (mock transport, reserved log), schedules and index widths included", S, TopK<0.02>, GTopK<0.02>) {
   auto l = Layout::from_sizes({1000, 3, 257, 4096, 1, 77, 512});
-  auto count_iterations = [&](auto& ex, mock::transport& m, int iters) {
-    m.calls().records.reserve(10000);
-    gflow_test::g_allocs = 0;
-    gflow_test::g_counting = true;
-    for (int it = 0; it < iters; ++it) {
-      for (std::size_t i = 0; i < l.size(); ++i) ex.ready(i);
-      (void)ex.finish();
-    }
-    gflow_test::g_counting = false;
-    return gflow_test::g_allocs.load();
-  };
+  auto count_iterations = [&](auto& ex, mock::transport& m, int iters) { return gflow_test::allocations_in(ex, m, l, iters); };
   {
     mock::transport m(6, 0);
     on_mock<Exchanger<Sparsifier<S>, Fusion<4096>, Precision<wire::fp16>>> ex(m, l);
@@ -1461,17 +1466,7 @@ TEST_CASE_TEMPLATE("an iteration allocates nothing (mock transport, reserved log
 
 TEST_CASE_TEMPLATE("an iteration allocates nothing on the one-pass path either (units above the sampling size)", S, TopK<0.01>, GTopK<0.01>) {
   auto l = Layout::from_sizes({1000, 40000, 257, 30000, 77});
-  auto count_iterations = [&](auto& ex, mock::transport& m, int iters) {
-    m.calls().records.reserve(10000);
-    gflow_test::g_allocs = 0;
-    gflow_test::g_counting = true;
-    for (int it = 0; it < iters; ++it) {
-      for (std::size_t i = 0; i < l.size(); ++i) ex.ready(i);
-      (void)ex.finish();
-    }
-    gflow_test::g_counting = false;
-    return gflow_test::g_allocs.load();
-  };
+  auto count_iterations = [&](auto& ex, mock::transport& m, int iters) { return gflow_test::allocations_in(ex, m, l, iters); };
   {
     mock::transport m(6, 0);
     on_mock<Exchanger<Sparsifier<S>, Fusion<80000>, Precision<wire::fp16>>> ex(m, l);
