@@ -323,8 +323,12 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
                   [e, &fresh, total] { std::memcpy(e->pool_data(), fresh.data(), total * sizeof(float)); }, {}});
   }
 
+  // Variants interleaved iteration by iteration, and the order rotated every iteration, so that no
+  // variant always runs after the same one (what the previous variant leaves in the caches and in
+  // MPI's shared-memory state is spread over all of them).
   for (int it = 0; it < o.warmup + o.iters; ++it) {
-    for (auto& v : vs) {
+    for (std::size_t j = 0; j < vs.size(); ++j) {
+      auto& v = vs[(j + static_cast<std::size_t>(it)) % vs.size()];
       v.prepare();
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
