@@ -74,8 +74,10 @@ int scenario_never(MPI_Comm comm, std::chrono::milliseconds timeout) {
   if (me == late) std::this_thread::sleep_for(timeout + t.grace() + std::chrono::milliseconds(1500));
   run_reporting(me, [&] { fill_and_ready(ex, 1); });
   // Every rank has now started that bucket's all_reduce on its issuing thread (the callers gave
-  // up on it): it completes once the late rank joins, so MPI finalizes cleanly.
+  // up on it): it completes once the late rank joins, so MPI finalizes cleanly. Until it has, MPI
+  // may still write the exchanger's pool: settle() before the exchanger goes.
   MPI_Barrier(MPI_COMM_WORLD);
+  if (!t.settle(std::chrono::seconds(30))) std::printf("FAULT rank=%d unsettled\n", me);
   return 0;
 }
 
@@ -98,6 +100,7 @@ int scenario_stuck(MPI_Comm comm, std::chrono::milliseconds timeout) {
   MPI_Barrier(MPI_COMM_WORLD);  // rank 1 has given up on its recv: now send what it waited for
   if (me == 0) MPI_Send(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, 1, gflow::mpi::transport::tag, comm);
   MPI_Barrier(MPI_COMM_WORLD);
+  if (!t.settle(std::chrono::seconds(30))) std::printf("FAULT rank=%d unsettled\n", me);  // buf outlives the abandoned all_reduce
   return 0;
 }
 

@@ -96,6 +96,13 @@ class call_thread {
     return true;
   }
 
+  /// Waits up to `d` for a call in progress (an abandoned one included) to return; true when
+  /// none is in progress.
+  bool wait_idle(clock::duration d) {
+    std::unique_lock lk(s_->m);
+    return s_->done.wait_for(lk, d, [this] { return s_->state != phase::running; });
+  }
+
   /// Gives up on the current call. A call the thread has not begun is withdrawn; one in progress
   /// goes on (it cannot be interrupted) and its result is dropped.
   void abandon() {

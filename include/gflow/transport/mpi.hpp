@@ -407,6 +407,12 @@ class transport {
   [[nodiscard]] std::chrono::milliseconds grace() const noexcept {
     return std::clamp<std::chrono::milliseconds>(timeout_ / 5, std::chrono::milliseconds(100), std::chrono::milliseconds(5000));
   }
+  /// After a timeout: waits up to `linger` for the collective abandoned on the issuing thread to
+  /// return (it does once the late ranks arrive). True when no call of this transport is still
+  /// inside MPI. Until then MPI may still write that collective's buffer: keep it (and the
+  /// exchanger whose pool it is) alive until settle() returns true, or end the process.
+  bool settle(std::chrono::milliseconds linger) { return !state_->issuer || state_->issuer->wait_idle(linger); }
+
   /// Collectives started on this communicator (the number the next one gets).
   [[nodiscard]] std::uint64_t collectives_started() const noexcept { return state_->seq; }
 
