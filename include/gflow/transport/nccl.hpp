@@ -67,7 +67,7 @@
 #include <vector>
 
 #include "../cuda/check.cuh"
-#include "../detail/timeout.hpp"
+#include "timeout.hpp"
 #include "../dtype.hpp"
 #include "../error.hpp"
 #include "transport.hpp"

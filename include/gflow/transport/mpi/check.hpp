@@ -1,0 +1,36 @@
+#pragma once
+// gflow::mpi, part 1 of 6: <mpi.h> and the check every MPI call goes through.
+// (transport/mpi.hpp includes all the parts; include that one.)
+// The MPI-2 C++ bindings (deprecated, removed in MPI-3) are not used: skip them, so that
+// gflow::mpi needs only the C library (MPI::MPI_C) and compiles without their warnings.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <string>
+
+#include "../../error.hpp"
+
+namespace gflow::mpi::detail {
+
+inline std::string error_text(int code) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS || len <= 0) return "MPI error code " + std::to_string(code);
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+
+/// Throws transport_error for a failed call. `where` is "on rank R of N" or similar.
+inline void check(int rc, const char* op, const std::string& where, const char* fix = nullptr) {
+  if (rc == MPI_SUCCESS) return;
+  throw transport_error(op, error_text(rc) + " " + where + ".",
+                        fix ? fix
+                            : "check that every rank issues the same operations in the same order with matching counts, "
+                              "element types and roots, and that MPI is initialised (gflow::mpi::environment).");
+}
+
+}  // namespace gflow::mpi::detail
