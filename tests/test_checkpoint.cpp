@@ -1,4 +1,4 @@
-// Checkpoints (Exchanger::save_state / load_state, detail/checkpoint.hpp): a run resumed from a
+// Checkpoints (Exchanger::save_state / load_state, support/checkpoint.hpp): a run resumed from a
 // checkpoint produces bitwise the gradients of an uninterrupted one, for every sparsifier, P = 1..4,
 // fp32 and fp16 wires, with the run-time settings (CSC warm-up and momentum, Top-k density
 // schedules, fusion and Hybrid thresholds) restored by the load alone; and every bad load
@@ -6,7 +6,7 @@
 // typed error that leaves the exchanger as it was.
 #include <doctest/doctest.h>
 
-#include <gflow/detail/checkpoint.hpp>
+#include <gflow/support/checkpoint.hpp>
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/inproc.hpp>
 

@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "detail/checkpoint.hpp"
+#include "support/checkpoint.hpp"
 #include "detail/consistency.hpp"
 #include "detail/exchange_context.hpp"
 #include "detail/host_backend.hpp"
@@ -208,7 +208,7 @@ class basic_exchanger {
   /// Writes this rank's state to `out`: everything that determines future gradients (the
   /// iteration counter that drives warm-up and density schedules, the fusion numbers, a Hybrid
   /// threshold, the sparsifier's residuals, CSC history, selection, norms and settings, Top-k
-  /// schedules), in gflow's versioned binary format (detail/checkpoint.hpp). Between iterations
+  /// schedules), in gflow's versioned binary format (support/checkpoint.hpp). Between iterations
   /// only (usage_error otherwise); every rank saves its own (residuals differ per rank).
   void save_state(std::ostream& out) const {
     between_iterations("save_state");

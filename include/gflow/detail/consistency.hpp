@@ -24,7 +24,7 @@
 #include "../dtype.hpp"
 #include "../error.hpp"
 #include "../layout.hpp"
-#include "fingerprint.hpp"
+#include "../support/fingerprint.hpp"
 
 namespace gflow::detail {
 

@@ -8,7 +8,9 @@
 #include "../policies/fusion.hpp"
 #include "../policies/overlap.hpp"
 #include "../policies/precision.hpp"
+#include "../policies/csc.hpp"
 #include "../policies/sparsifier.hpp"
+#include "../policies/topk.hpp"
 #include "../policies/topology.hpp"
 
 namespace gflow::detail {

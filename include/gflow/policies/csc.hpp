@@ -95,7 +95,7 @@
 #include <utility>
 #include <vector>
 
-#include "../detail/checkpoint.hpp"
+#include "../support/checkpoint.hpp"
 #include "../error.hpp"
 #include "../kernels/sparse_chunks.hpp"
 #include "../plan/chunks.hpp"

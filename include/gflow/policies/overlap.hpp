@@ -28,6 +28,8 @@
 // caller's thread: the stream is already the concurrent issuer.
 #include <concepts>
 
+#include <type_traits>
+
 #include "family.hpp"
 
 namespace gflow {
@@ -41,10 +43,28 @@ struct Concurrent {
 };
 struct Chained {};
 
+/// The four strategies (the runners in detail/overlap.hpp implement exactly these).
+template <class S>
+struct is_overlap_strategy : std::false_type {};
+template <>
+struct is_overlap_strategy<None> : std::true_type {};
+template <>
+struct is_overlap_strategy<Funneled> : std::true_type {};
+template <int N>
+struct is_overlap_strategy<Concurrent<N>> : std::true_type {};
+template <>
+struct is_overlap_strategy<Chained> : std::true_type {};
+template <class S>
+concept overlap_strategy = is_overlap_strategy<S>::value;
+
 template <class S = None>
 struct Overlap {
+  static_assert(overlap_strategy<S>,
+                "gflow::Overlap<S>: S is not an overlap strategy. "
+                "Use gflow::None, gflow::Funneled, gflow::Concurrent<N> or gflow::Chained.");
   using gflow_family = overlap_family;
-  using strategy = S;
+  // None for a wrong S keeps Overlap<not-a-strategy> down to the one static_assert above.
+  using strategy = std::conditional_t<overlap_strategy<S>, S, None>;
 };
 
 template <class P>

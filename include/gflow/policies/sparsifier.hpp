@@ -20,8 +20,8 @@
 // on the caller's thread or on the Overlap policy's issuing thread. An engine that can split a
 // bucket's exchange into phases (needed by Overlap<Chained>) also has
 //     static constexpr bool phased = true;  request start(b);  void complete(b, request&);
-// Dense (the default) allreduces every bucket. The sparse schemes (CSC, TopK, GTopK) are
-// tracked in the issue tracker.
+// Dense (the default) allreduces every bucket. The sparse schemes live in csc.hpp (CSC) and
+// topk.hpp (TopK, GTopK), which include this header; detail/policy_set.hpp includes all three.
 #include <concepts>
 #include <cstddef>
 
@@ -83,5 +83,3 @@ concept sparsifier_policy = std::same_as<typename P::gflow_family, sparsifier_fa
 static_assert(sparsifier_policy<Sparsifier<>>);
 
 }  // namespace gflow
-#include "csc.hpp"  // Sparsifier<CSC<chunk_elems, percent>>
-#include "topk.hpp"  // Sparsifier<TopK<density>>, Sparsifier<GTopK<density>>

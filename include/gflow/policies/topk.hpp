@@ -86,7 +86,7 @@
 #include <utility>
 #include <vector>
 
-#include "../detail/checkpoint.hpp"
+#include "../support/checkpoint.hpp"
 #include "../dtype.hpp"
 #include "../error.hpp"
 #include "../kernels/topk.hpp"
