@@ -4,7 +4,8 @@
 //   - Exchanger<...>::on<gflow::inproc_device::transport>   (device memory, device_backend: the
 //     CUDA kernels on each rank's stream; P ranks as threads on one GPU),
 // and after every iteration the pools, the exchange status (inf/NaN count) and the residuals must
-// be identical bytes. Both transports reduce in rank order in fp32 (transport/inproc.hpp), so any
+// be identical bytes, and so must save_state's checkpoint after iteration 2 (which both paths
+// then load back before going on). Both transports reduce in rank order in fp32 (transport/inproc.hpp), so any
 // difference is the device backend's or the engines' device path. Suite "device" (ctest
 // cuda_device_sparse); skipped (77) without a GPU.
 #include <gflow/cuda/exchanger.cuh>
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -44,6 +46,7 @@ float input(int r, int it, std::size_t i) {
 struct record {
   std::vector<std::vector<float>> pools, residuals;  // per iteration
   std::vector<std::size_t> nonfinite;
+  std::string checkpoint;  // save_state after iteration 2 (then loaded back before iteration 3)
 };
 
 template <class Ex>
@@ -97,6 +100,13 @@ void run_rank(Transport& t, record& out) {
       }
       out.residuals.push_back(std::move(res));
     }
+    if (it == 2) {  // checkpoints: the same bytes on both paths, and a load resumes bitwise
+      std::ostringstream o;
+      ex.save_state(o);
+      out.checkpoint = o.str();
+      std::istringstream in(out.checkpoint);
+      ex.load_state(in);
+    }
   }
 }
 
@@ -129,6 +139,8 @@ void compare(int P, const char* scheme, const char* wire) {
                  what + " rank " + std::to_string(r) + " iteration " + std::to_string(it) + ": pools differ at " + std::to_string(at));
       EXPECT_MSG(h.nonfinite[it] == d.nonfinite[it], what + " rank " + std::to_string(r) + " iteration " + std::to_string(it) + ": inf/NaN counts " +
                                                          std::to_string(h.nonfinite[it]) + " (host) vs " + std::to_string(d.nonfinite[it]));
+      if (it == 0)
+        EXPECT_MSG(!h.checkpoint.empty() && h.checkpoint == d.checkpoint, what + " rank " + std::to_string(r) + ": save_state bytes differ");
       if (it < h.residuals.size() && it < d.residuals.size())
         EXPECT_MSG(same_bytes(h.residuals[it], d.residuals[it], &at),
                    what + " rank " + std::to_string(r) + " iteration " + std::to_string(it) + ": residuals differ at " + std::to_string(at));
