@@ -134,7 +134,8 @@ __device__ __forceinline__ std::uint32_t chunk_key(float norm) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-__global__ void keys_kernel(const float* norms, std::size_t chunks, std::uint32_t* keys, std::uint32_t* index, std::uint32_t* flags) {
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void keys_kernel(const float* norms, std::size_t chunks, std::uint32_t* keys, std::uint32_t* index, std::uint32_t* flags) {
   for (std::size_t c = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; c < chunks; c += std::size_t{gridDim.x} * blockDim.x) {
     keys[c] = chunk_key(norms[c]);
     index[c] = static_cast<std::uint32_t>(c);
@@ -142,12 +143,14 @@ __global__ void keys_kernel(const float* norms, std::size_t chunks, std::uint32_
   }
 }
 
-__global__ void mark_kernel(const std::uint32_t* top, std::size_t k, std::uint32_t* flags) {
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void mark_kernel(const std::uint32_t* top, std::size_t k, std::uint32_t* flags) {
   for (std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; j < k; j += std::size_t{gridDim.x} * blockDim.x) flags[top[j]] = 1;
 }
 
 // out[0, k): flagged chunks ascending; out[k, chunks): the others ascending. pos = exclusive scan of flags.
-__global__ void place_kernel(const std::uint32_t* flags, const std::uint32_t* pos, std::size_t chunks, std::size_t k, std::uint32_t* out) {
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void place_kernel(const std::uint32_t* flags, const std::uint32_t* pos, std::size_t chunks, std::size_t k, std::uint32_t* out) {
   for (std::size_t c = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; c < chunks; c += std::size_t{gridDim.x} * blockDim.x) {
     const std::size_t at = flags[c] ? pos[c] : k + (c - pos[c]);
     out[at] = static_cast<std::uint32_t>(c);
@@ -278,7 +281,8 @@ void launch_fused(const char* what, float* pool, float* hist, const W* win, W* w
   check_cuda(cudaGetLastError(), what);
 }
 
-__global__ void count_at_kernel(const float* v, const std::uint32_t* list, std::size_t count, unsigned long long* counter) {
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void count_at_kernel(const float* v, const std::uint32_t* list, std::size_t count, unsigned long long* counter) {
   unsigned long long bad = 0;
   for (std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; j < count; j += std::size_t{gridDim.x} * blockDim.x)
     bad += kernel_detail::nonfinite(v[list[j]]);

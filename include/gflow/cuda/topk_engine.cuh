@@ -41,7 +41,8 @@ inline constexpr unsigned threads = kernel_detail::block_threads;
 
 __device__ __forceinline__ bool nonfinite(float v) { return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u; }
 
-__global__ void accumulate_into_kernel(const float* __restrict__ g, float* __restrict__ res, std::size_t n) {
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void accumulate_into_kernel(const float* __restrict__ g, float* __restrict__ res, std::size_t n) {
   for (std::size_t i = thread_index(); i < n; i += grid_stride()) res[i] = __fadd_rn(g[i], res[i]);
 }
 
@@ -52,9 +53,11 @@ __global__ void all_nonfinite_kernel(const float* G, const I* idx, std::size_t c
     if (!nonfinite(G[static_cast<std::size_t>(idx[j])])) atomicExch(flag, 0u);
 }
 
-__global__ void set_flag_kernel(unsigned* flag) { *flag = 1u; }
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void set_flag_kernel(unsigned* flag) { *flag = 1u; }
 
-__global__ void clear_if_kernel(float* res, std::size_t n, const unsigned* flag) {
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void clear_if_kernel(float* res, std::size_t n, const unsigned* flag) {
   if (*flag == 0u) return;
   for (std::size_t i = thread_index(); i < n; i += grid_stride())
     if (nonfinite(res[i])) res[i] = 0.0f;
