@@ -40,3 +40,49 @@ TEST_CASE("every family's concept accepts its policies and rejects the others") 
   static_assert(!policy<int>);
   CHECK(true);
 }
+
+// Issue 12: the engine contracts (include/gflow/detail/concepts.hpp) accept the built-in engines and
+// backends and reject what lacks a member.
+namespace concept_cases {
+using ctx = gflow::detail::archetype_context<>;
+struct engine_without_end_iteration {
+  explicit engine_without_end_iteration(ctx&) {}
+  void replan() {}
+  void exchange(std::size_t) {}
+  [[nodiscard]] std::size_t wire_bytes() const { return 0; }
+  struct saved_state {};
+  void save_state(gflow::detail::checkpoint_writer&) const {}
+  [[nodiscard]] saved_state read_state(gflow::detail::checkpoint_reader&) const { return {}; }
+  void restore_state(saved_state&&) {}
+};
+struct engine_without_checkpoint {
+  explicit engine_without_checkpoint(ctx&) {}
+  void replan() {}
+  void exchange(std::size_t) {}
+  void end_iteration() {}
+  [[nodiscard]] std::size_t wire_bytes() const { return 0; }
+};
+struct topology_without_wait {
+  using request = int;
+  explicit topology_without_wait(gflow::transport_archetype<>&) {}
+  template <class W> void run(W*, std::size_t) {}
+  template <class W> request start(W*, std::size_t) { return 0; }
+};
+}  // namespace concept_cases
+
+TEST_CASE("engine concepts: the built-ins meet them, an incomplete engine does not") {
+  using namespace gflow;
+  using concept_cases::ctx;
+  static_assert(detail::sparsifier_engine<Dense::engine<ctx>, ctx>);
+  static_assert(detail::sparsifier_engine<CSC<64, 10>::engine<ctx>, ctx> && detail::counts_collectives<CSC<64, 10>::engine<ctx>>);
+  static_assert(detail::sparsifier_engine<GTopK<0.1>::engine<ctx>, ctx> && detail::counts_collectives<GTopK<0.1>::engine<ctx>>);
+  static_assert(!detail::counts_collectives<Dense::engine<ctx>>);
+  static_assert(!detail::sparsifier_engine<concept_cases::engine_without_end_iteration, ctx>);
+  static_assert(!detail::sparsifier_engine<concept_cases::engine_without_checkpoint, ctx>);
+  static_assert(detail::topology_engine<Ring::engine<transport_archetype<>>, transport_archetype<>, half>);
+  static_assert(!detail::topology_engine<concept_cases::topology_without_wait, transport_archetype<>, half>);
+  static_assert(detail::backend<detail::host_backend> && detail::topk_backend<detail::host_backend>);
+  static_assert(!detail::backend<int> && !detail::backend<Dense>);
+  static_assert(detail::backend_for_transport<detail::host_backend, mock::transport>);
+  CHECK(true);
+}

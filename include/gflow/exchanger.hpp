@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/concepts.hpp"
 #include "support/checkpoint.hpp"
 #include "detail/consistency.hpp"
 #include "detail/exchange_context.hpp"
@@ -91,6 +92,17 @@ class basic_exchanger {
   using context_t = detail::exchange_context<T, backend, wire_t, engine_t>;
   using sparsifier_t = typename Set::sparsifier::scheme::template engine<context_t>;
   using runner_t = detail::runner_for<typename Set::overlap::strategy, context_t, sparsifier_t>;
+  // The built-in engines are asserted where they are defined; these fire for one's own.
+  static_assert(detail::backend_for_transport<backend, T>,
+                "gflow::Exchanger: the memory space's backend does not meet gflow::detail::backend_for_transport "
+                "(include/gflow/detail/concepts.hpp): give it every kernel the concept lists and a context built from T&.");
+  static_assert(detail::topology_engine<engine_t, T, wire_t>,
+                "gflow::Exchanger: Topology<A>::engine<T> is not a topology engine. Give it what gflow::detail::topology_engine "
+                "lists (include/gflow/detail/concepts.hpp): a constructor from T&, run / start for float and the wire type, wait(request&).");
+  static_assert(detail::sparsifier_engine<sparsifier_t, context_t>,
+                "gflow::Exchanger: Sparsifier<S>::engine<Ctx> is not a sparsifier engine. Give it what gflow::detail::sparsifier_engine "
+                "lists (include/gflow/detail/concepts.hpp): a constructor from Ctx&, replan, exchange(b), end_iteration, wire_bytes, "
+                "save_state / read_state / restore_state.");
 
  public:
   using transport_type = T;
@@ -168,7 +180,7 @@ class basic_exchanger {
     exchange_status st;
     st.iteration = iteration_;
     st.nonfinite = kernels_.take_nonfinite() + runner_->take_nonfinite();
-    if constexpr (requires(const sparsifier_t& e) { { e.collectives() } -> std::convertible_to<std::size_t>; })
+    if constexpr (detail::counts_collectives<sparsifier_t>)
       st.collectives = sparsifier_->collectives();  // the scheme's own count (norms, gathers, tree rounds)
     else
       st.collectives = buckets_.size();
@@ -276,7 +288,7 @@ class basic_exchanger {
     return layout;
   }
 
-  static constexpr bool topology_has_state = requires(const engine_t& e, detail::checkpoint_writer& w) { e.save_state(w); };
+  static constexpr bool topology_has_state = detail::checkpointed<engine_t>;
 
   [[nodiscard]] detail::checkpoint_identity identity_for_checkpoint() const {
     return detail::make_checkpoint_identity<Set>(layout_, t_->rank(), t_->size(), pool_.total);

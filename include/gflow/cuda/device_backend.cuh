@@ -10,6 +10,17 @@
 //     count_nonfinite(buf, n)        counts non-finite results
 //     copy(dst, src, n)              device to device, on the stream
 //     take_nonfinite()               the count since the last call (synchronises the stream)
+//   chunked sparse kernels (CSC), the twins of host_backend's, bitwise identical to them
+//   (cuda/sparse_chunks.cuh: the fused kernels compute the norms in the host's order):
+//     compact_chunks, compact_chunks_to_wire, defer_chunks, scatter_chunks_counted,
+//     scatter_chunks_from_wire, count_nonfinite_at, select_top_chunks (device chunk lists)
+//   top-k kernels (TopK / GTopK), the twins of host_backend's (cuda/topk.cuh, cuda/topk_engine.cuh);
+//   what reaches the host: each message's verdict (unpack_checked) and each merge's two counts
+//   (merge_topk), one stream synchronisation each, because the engine's host logic decides from
+//   them (merge or forward a fault, what the next message holds, whether to throw)
+//   download(host_dst, src, n)     device -> host on the stream, then waits for the stream
+//   upload(dst, host_src, n)       host -> device on the stream, then waits for the stream
+// The contract is gflow::detail::backend (detail/concepts.hpp), asserted below.
 //
 // Everything is enqueued on the transport's stream (t.stream()), in order with its collectives.
 // What that asks of a trainer:
@@ -33,8 +44,12 @@
 #include <utility>
 
 #include "../dtype.hpp"
+#include "../detail/concepts.hpp"
 #include "cast.cuh"
 #include "check.cuh"
+#include "sparse_chunks.cuh"
+#include "topk.cuh"
+#include "topk_engine.cuh"
 
 namespace gflow::detail {
 
@@ -65,6 +80,43 @@ class device_buffer {
   std::size_t n_ = 0;
 };
 
+/// The Top-k engines' device scratch: the selector, the mergers and the message checker, built
+/// on first use on the context's device for the largest unit reserved.
+template <class W>
+struct device_topk_scratch {
+  std::size_t max_n = 0, max_k = 0;
+  std::unique_ptr<cuda::topk_selector> selector;
+  std::unique_ptr<cuda::topk_merger<std::uint32_t, W>> merger32;
+  std::unique_ptr<cuda::topk_merger<std::uint64_t, W>> merger64;
+  std::unique_ptr<cuda::message_checker> checker;
+  device_buffer<unsigned> words;  // [0, 2): merge counts, [2]: the non-finite selection flag
+
+  void reserve(std::size_t n, std::size_t k) {
+    max_n = n > max_n ? n : max_n;
+    max_k = k > max_k ? k : max_k;
+  }
+  void release() {
+    max_n = max_k = 0;
+    selector.reset();
+    merger32.reset();
+    merger64.reset();
+  }
+  unsigned* counts() {
+    if (words.size() == 0) words = device_buffer<unsigned>(4);
+    return words.data();
+  }
+  template <class I>
+  auto& merger() {
+    if constexpr (std::is_same_v<I, std::uint32_t>) {
+      if (!merger32) merger32 = std::make_unique<cuda::topk_merger<std::uint32_t, W>>(max_k);
+      return *merger32;
+    } else {
+      if (!merger64) merger64 = std::make_unique<cuda::topk_merger<std::uint64_t, W>>(max_k);
+      return *merger64;
+    }
+  }
+};
+
 struct device_backend {
   // Kernels run on the transport's stream, after every collective started on it: the exchanger
   // starts a bucket's collective and enqueues the cast-back behind it without waiting;
@@ -72,6 +124,8 @@ struct device_backend {
   static constexpr bool stream_ordered = true;
   template <class E>
   using buffer = device_buffer<E>;
+  template <class W>
+  using topk_scratch = device_topk_scratch<W>;
 
   class context {
    public:
@@ -130,6 +184,145 @@ struct device_backend {
       return static_cast<std::size_t>(*host_);
     }
 
+    // ---- chunked sparse kernels (CSC): cuda/sparse_chunks.cuh, on the stream ----
+    void compact_chunks(const float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count, float* out) {
+      cuda::device_guard g(device_);
+      cuda::compact_chunks(pool, hist, n, C, list, count, out, stream_);
+    }
+    template <class W>
+    void compact_chunks_to_wire(const float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                W* out, float scale, float unscale) {
+      cuda::device_guard g(device_);
+      cuda::compact_chunks_to_wire(pool, hist, n, C, list, count, out, scale, unscale, stream_);
+    }
+    void defer_chunks(float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count, float momentum,
+                      float* norms) {
+      cuda::device_guard g(device_);
+      cuda::defer_chunks_exact(pool, hist, n, C, list, count, momentum, norms, stream_);
+    }
+    void scatter_chunks_counted(const float* buf, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                bool multiply, float value_scale, float* norms, float norm_scale) {
+      cuda::device_guard g(device_);
+      cuda::scatter_chunks_counted(buf, pool, n, C, list, count, multiply, value_scale, norms, norm_scale, counter_.get(), stream_);
+    }
+    template <class W>
+    void scatter_chunks_from_wire(const W* wire, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                  float* norms, float norm_scale) {
+      cuda::device_guard g(device_);
+      cuda::scatter_chunks_from_wire(wire, pool, n, C, list, count, norms, norm_scale, counter_.get(), stream_);
+    }
+    void count_nonfinite_at(const float* v, const std::uint32_t* list, std::size_t count) {
+      cuda::device_guard g(device_);
+      cuda::count_nonfinite_at(v, list, count, counter_.get(), stream_);
+    }
+    /// The selector's scratch is allocated on the first call (and again only for more chunks).
+    void select_top_chunks(const float* norms, std::size_t chunks, std::size_t k, std::uint32_t* out) {
+      cuda::device_guard g(device_);
+      if (!selector_ || selector_->max_chunks() < chunks) selector_ = std::make_unique<cuda::chunk_selector>(chunks);
+      selector_->select(norms, chunks, k, out, stream_);
+    }
+
+    // ---- top-k kernels (TopK / GTopK): cuda/topk.cuh, cuda/topk_engine.cuh, on the stream ----
+    /// res = g + res, then the exact top-k of |res| (the host's selection; no sampling on the
+    /// device: the path is always `full`).
+    template <class I, class W>
+    kernels::topk_result accumulate_select_topk(const float* g, float* res, std::size_t n, std::size_t k, std::uint64_t base, I* out,
+                                                device_topk_scratch<W>& ws) {
+      cuda::device_guard gd(device_);
+      cuda::accumulate_into_residual(g, res, n, stream_);
+      if (!ws.selector || ws.selector->max_n() < n) ws.selector = std::make_unique<cuda::topk_selector>(ws.max_n > n ? ws.max_n : n);
+      ws.selector->select(res, n, k, base, out, stream_);
+      return {k < n ? k : n, kernels::topk_path::full};
+    }
+    template <class I, class W, class Ws>
+    void take_selected_dropping(float* res, std::size_t off, std::size_t n, const I* idx, std::size_t count, W* out, float scale, float unscale,
+                                Ws& ws) {
+      cuda::device_guard gd(device_);
+      cuda::take_selected_dropping(res, off, n, idx, count, out, scale, unscale, ws.counts() + 2, stream_);
+    }
+    /// The header comes from the host (it holds no gradient value); the entries are copied on the device.
+    template <class I, class W>
+    void pack(unsigned char* msg, std::size_t k, const I* idx, const W* val, std::size_t count, kernels::message_header h = {}) {
+      cuda::device_guard gd(device_);
+      h.count = count;
+      header_ = h;
+      cuda::check_cuda(cudaMemcpyAsync(msg, &header_, sizeof header_, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync of a message header");
+      if (count != 0) {
+        cuda::check_cuda(cudaMemcpyAsync(msg + kernels::message_header_bytes, idx, count * sizeof(I), cudaMemcpyDeviceToDevice, stream_),
+                         "cudaMemcpyAsync of a message's indices");
+        cuda::check_cuda(cudaMemcpyAsync(msg + kernels::message_header_bytes + k * sizeof(I), val, count * sizeof(W), cudaMemcpyDeviceToDevice,
+                                         stream_),
+                         "cudaMemcpyAsync of a message's values");
+      }
+      // header_ is pageable: cudaMemcpyAsync has staged it before returning, so the next pack may
+      // overwrite it without a stream synchronisation.
+    }
+    template <class I, class W, class Ws>
+    kernels::unpack_result unpack_checked(const unsigned char* msg, std::size_t k, std::uint64_t lo, std::uint64_t hi, I* idx, W* val, Ws& ws) {
+      cuda::device_guard gd(device_);
+      if (!ws.checker) ws.checker = std::make_unique<cuda::message_checker>();
+      return ws.checker->check(msg, k, lo, hi, idx, val, stream_);
+    }
+    void fill_zero(float* p, std::size_t n) {
+      if (n == 0) return;
+      cuda::device_guard gd(device_);
+      cuda::check_cuda(cudaMemsetAsync(p, 0, n * sizeof(float), stream_), "cudaMemsetAsync of a top-k unit");
+    }
+    template <class I, class W>
+    void scatter_add(float* dst, const I* idx, const W* val, std::size_t count) {
+      cuda::device_guard gd(device_);
+      cuda::scatter_add(dst, idx, val, count, stream_);
+    }
+    /// Definition 1 of paper 003; the two counts (kept, records) come to the host.
+    template <class I, class W, class Ws>
+    std::size_t merge_topk(const I* ai, const W* av, std::size_t na, const I* bi, const W* bv, std::size_t nb, std::size_t k, I* oi, W* ov, I* ri,
+                           float* rv, std::size_t* records, kernels::merge_scratch<I>, Ws& ws) {
+      cuda::device_guard gd(device_);
+      unsigned* d = ws.counts();
+      ws.template merger<I>().merge(ai, av, na, bi, bv, nb, k, oi, ov, ri, rv, d, stream_);
+      unsigned h[2] = {0, 0};
+      download(h, d, 2);
+      *records = h[1];
+      return h[0];
+    }
+    template <class I, class W>
+    void decode_scatter_counted(float* dst, const I* idx, const W* val, std::size_t count, float scale, float*) {
+      cuda::device_guard gd(device_);
+      cuda::decode_scatter(dst, idx, val, count, scale, counter_.get(), stream_);
+    }
+    template <class I, class W>
+    void restore_unselected(float* res, const I* ai, const W* av, std::size_t na, const I* fi, std::size_t nf, float unscale) {
+      cuda::device_guard gd(device_);
+      cuda::restore_unselected(res, ai, av, na, fi, nf, unscale, stream_);
+    }
+    template <class I>
+    void restore_records_in(float* res, const I* ri, const float* rv, std::size_t nr, const I* fi, std::size_t nf, float unscale) {
+      cuda::device_guard gd(device_);
+      cuda::restore_records_in(res, ri, rv, nr, fi, nf, unscale, stream_);
+    }
+    template <class E>
+    void copy_n(E* dst, const E* src, std::size_t n) {
+      if (n == 0 || dst == src) return;
+      cuda::device_guard gd(device_);
+      cuda::check_cuda(cudaMemcpyAsync(dst, src, n * sizeof(E), cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync of a top-k list");
+    }
+
+    // ---- transfers (each one is a host synchronisation; the engines say where and why) ----
+    template <class E>
+    void download(E* host_dst, const E* src, std::size_t n) {
+      if (n == 0) return;
+      cuda::device_guard g(device_);
+      cuda::check_cuda(cudaMemcpyAsync(host_dst, src, n * sizeof(E), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync device to host");
+      cuda::check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after a device-to-host copy");
+    }
+    template <class E>
+    void upload(E* dst, const E* host_src, std::size_t n) {
+      if (n == 0) return;
+      cuda::device_guard g(device_);
+      cuda::check_cuda(cudaMemcpyAsync(dst, host_src, n * sizeof(E), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync host to device");
+      cuda::check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after a host-to-device copy");
+    }
+
     [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
     [[nodiscard]] int device() const noexcept { return device_; }
 
@@ -168,8 +361,15 @@ struct device_backend {
     std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, event_destroy> producer_event_;
     std::unique_ptr<unsigned long long, cuda_free> counter_;
     std::unique_ptr<unsigned long long, host_free> host_;
+    std::unique_ptr<cuda::chunk_selector> selector_;
+    kernels::message_header header_{};  // the source of pack's header copy
   };
 };
+
+// Both contexts have an unconstrained template constructor from T&, so the meaningful
+// backend_for_transport check is the exchanger's, against nccl::transport.
+static_assert(backend<device_backend> && topk_backend<device_backend>,
+              "gflow::detail::device_backend must meet gflow::detail::backend and topk_backend (detail/concepts.hpp)");
 
 template <class Space>
 struct backend_for;

@@ -31,7 +31,8 @@ __device__ __forceinline__ void update(float& w, float g, float& hu, float lr, f
 }
 
 // One block per listed chunk (grid-stride over the list); chunks outside the range do nothing.
-__global__ void __launch_bounds__(block_threads)
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void __launch_bounds__(block_threads)
 step_kernel(float* w, const float* g, float* hu, std::size_t offset, std::size_t n, std::size_t C, const std::uint32_t* selected,
             std::size_t count, float lr, float momentum) {
   const std::size_t end = offset + n;
@@ -47,7 +48,8 @@ step_kernel(float* w, const float* g, float* hu, std::size_t offset, std::size_t
   }
 }
 
-__global__ void step_all_kernel(float* w, const float* g, float* hu, std::size_t n, float lr, float momentum) {
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void step_all_kernel(float* w, const float* g, float* hu, std::size_t n, float lr, float momentum) {
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
     update(w[i], g[i], hu[i], lr, momentum);
 }

@@ -7,6 +7,12 @@
 //   scatter_chunks(buf, pool, n, C, list, count, norms, scale, st)  pool = buf; norms[c] = scale * L1 (optional)
 //   defer_chunks(pool, hist, n, C, list, count, m, norms, stream)   g = pool + hist; norms[c] = L1(g);
 //                                                                   hist = m * g (0 where g is inf/NaN); pool = 0
+//   the engine's fused kernels, bitwise identical to the host's (norms included, see below):
+//   compact_chunks_to_wire(pool, hist, n, C, list, count, out, s, u, stream)
+//   scatter_chunks_counted(buf, pool, n, C, list, count, mul, v, norms, s, counter, stream)
+//   scatter_chunks_from_wire(wire, pool, n, C, list, count, norms, s, counter, stream)
+//   defer_chunks_exact(pool, hist, n, C, list, count, m, norms, stream)
+//   count_nonfinite_at(v, list, count, counter, stream)            counter += #{j : v[list[j]] inf/NaN}
 //   chunk_selector sel(max_chunks);  sel.select(norms, chunks, k, out, stream)
 //                                                                   top-k chunks, ties to the lower index,
 //                                                                   ascending in out[0, k), the rest ascending
@@ -24,6 +30,13 @@
 // every rank, so ranks still agree. The selection is exact: a stable radix sort (CUB) on the same keys as
 // kernels::chunk_key (NaN highest), so equal norms go to the lower index as on the host.
 //
+// The fused kernels the exchanger's CSC engine runs on device memory (device_backend) compute the
+// norms in the host's order instead: eight lanes, lane l adding |x_j| (j = l mod 8 from the
+// chunk's start, increasing j) in double with round-to-nearest, combined as
+// ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)) and rounded to float once, so that a device
+// exchange selects exactly the chunks the host one does. Eight threads of the chunk's block run the
+// lanes, one sequential chain each: slower than a tree, and the price of bitwise equality.
+//
 // Shape: one block of 256 threads per listed chunk (grid-stride over the list), threads stride
 // over the chunk's elements, one cub::BlockReduce per chunk for the norm.
 #include <cuda_runtime.h>
@@ -38,6 +51,7 @@
 #include <string>
 
 #include "../error.hpp"
+#include "cast.cuh"
 #include "check.cuh"
 
 namespace gflow::cuda {
@@ -120,7 +134,8 @@ __device__ __forceinline__ std::uint32_t chunk_key(float norm) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-__global__ void keys_kernel(const float* norms, std::size_t chunks, std::uint32_t* keys, std::uint32_t* index, std::uint32_t* flags) {
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void keys_kernel(const float* norms, std::size_t chunks, std::uint32_t* keys, std::uint32_t* index, std::uint32_t* flags) {
   for (std::size_t c = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; c < chunks; c += std::size_t{gridDim.x} * blockDim.x) {
     keys[c] = chunk_key(norms[c]);
     index[c] = static_cast<std::uint32_t>(c);
@@ -128,12 +143,14 @@ __global__ void keys_kernel(const float* norms, std::size_t chunks, std::uint32_
   }
 }
 
-__global__ void mark_kernel(const std::uint32_t* top, std::size_t k, std::uint32_t* flags) {
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void mark_kernel(const std::uint32_t* top, std::size_t k, std::uint32_t* flags) {
   for (std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; j < k; j += std::size_t{gridDim.x} * blockDim.x) flags[top[j]] = 1;
 }
 
 // out[0, k): flagged chunks ascending; out[k, chunks): the others ascending. pos = exclusive scan of flags.
-__global__ void place_kernel(const std::uint32_t* flags, const std::uint32_t* pos, std::size_t chunks, std::size_t k, std::uint32_t* out) {
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void place_kernel(const std::uint32_t* flags, const std::uint32_t* pos, std::size_t chunks, std::size_t k, std::uint32_t* out) {
   for (std::size_t c = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; c < chunks; c += std::size_t{gridDim.x} * blockDim.x) {
     const std::size_t at = flags[c] ? pos[c] : k + (c - pos[c]);
     out[at] = static_cast<std::uint32_t>(c);
@@ -182,6 +199,146 @@ inline void defer_chunks(float* pool, float* hist, std::size_t n, std::size_t C,
                          float* norms, cudaStream_t stream) {
   chunk_detail::launch<chunk_detail::mode::defer>("launch of gflow::cuda::defer_chunks", pool, hist, nullptr, nullptr, n, C, list, count,
                                                   momentum, norms, 1.0f, stream);
+}
+
+namespace chunk_detail {
+
+enum class fused { to_wire, scatter, scatter_mul, from_wire, defer };
+
+// The host's L1 norm of chunk [b, e) (kernels/sparse_chunks.hpp, detail::l1_add / l1_total):
+// threads 0..7 each run one lane. value(i) gives the element. Every thread of the block calls it.
+template <class Value>
+__device__ __forceinline__ void host_order_norm(std::size_t b, std::size_t e, Value value, float* out, float scale, bool scaled,
+                                                double* lanes) {
+  __syncthreads();  // the block's writes of this chunk are visible
+  if (threadIdx.x < 8) {
+    double s = 0.0;
+#pragma unroll 8
+    for (std::size_t i = b + threadIdx.x; i < e; i += 8) s = __dadd_rn(s, fabs(static_cast<double>(value(i))));
+    lanes[threadIdx.x] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const double t = __dadd_rn(__dadd_rn(__dadd_rn(lanes[0], lanes[1]), __dadd_rn(lanes[2], lanes[3])),
+                               __dadd_rn(__dadd_rn(lanes[4], lanes[5]), __dadd_rn(lanes[6], lanes[7])));
+    const float f = __double2float_rn(t);
+    *out = scaled ? __fmul_rn(scale, f) : f;
+  }
+  __syncthreads();  // lanes is reused by the next chunk
+}
+
+__device__ __forceinline__ float finite_or_zero(float v) { return kernel_detail::nonfinite(v) ? 0.0f : v; }
+
+template <fused M, class W>
+__global__ void __launch_bounds__(block_threads)
+fused_chunk_kernel(float* pool, float* hist, const W* win, W* wout, const float* fin, std::size_t n, std::size_t C, const std::uint32_t* list,
+                   std::size_t count, float a, float u, float* norms, float norm_scale, unsigned long long* counter) {
+  using ops = kernel_detail::wire_ops<W>;
+  __shared__ double lanes[8];
+  unsigned long long bad = 0;
+  for (std::size_t j = blockIdx.x; j < count; j += gridDim.x) {
+    const std::size_t c = list[j];
+    const std::size_t b = c * C, e = chunk_end(c, n, C);
+    const std::size_t k0 = j * C;  // position in the compaction buffer
+    if constexpr (M == fused::defer) {
+      // The norm of g = pool + hist first (the update below overwrites both).
+      if (norms != nullptr)
+        host_order_norm(b, e, [&](std::size_t i) { return __fadd_rn(pool[i], hist[i]); }, norms + c, 1.0f, false, lanes);
+      for (std::size_t i = b + threadIdx.x; i < e; i += block_threads) {
+        const float g = __fadd_rn(pool[i], hist[i]);
+        hist[i] = finite_or_zero(__fmul_rn(a, g));
+        pool[i] = 0.0f;
+      }
+    } else if constexpr (M == fused::to_wire) {
+      for (std::size_t i = b + threadIdx.x; i < e; i += block_threads) {
+        const float g = __fadd_rn(pool[i], hist[i]);
+        const auto o = ops::from_float(__fmul_rn(g, a));
+        reinterpret_cast<kernel_detail::raw_t<W>*>(wout)[k0 + (i - b)] = o;
+        hist[i] = finite_or_zero(__fsub_rn(g, __fmul_rn(ops::to_float(o), u)));
+      }
+    } else {  // the scatters: pool = the exchanged value, then the norm of what was written
+      for (std::size_t i = b + threadIdx.x; i < e; i += block_threads) {
+        float v;
+        if constexpr (M == fused::from_wire) v = ops::to_float(reinterpret_cast<const kernel_detail::raw_t<W>*>(win)[k0 + (i - b)]);
+        else if constexpr (M == fused::scatter_mul) v = __fmul_rn(fin[k0 + (i - b)], a);
+        else v = fin[k0 + (i - b)];
+        pool[i] = v;
+        bad += kernel_detail::nonfinite(v);
+      }
+      if (norms != nullptr) host_order_norm(b, e, [&](std::size_t i) { return pool[i]; }, norms + c, norm_scale, true, lanes);
+    }
+  }
+  if (counter != nullptr) kernel_detail::warp_add(counter, bad);
+}
+
+template <fused M, class W>
+void launch_fused(const char* what, float* pool, float* hist, const W* win, W* wout, const float* fin, std::size_t n, std::size_t C,
+                  const std::uint32_t* list, std::size_t count, float a, float u, float* norms, float norm_scale, unsigned long long* counter,
+                  cudaStream_t stream) {
+  if (count == 0) return;
+  fused_chunk_kernel<M, W><<<blocks_for(count), block_threads, 0, stream>>>(pool, hist, win, wout, fin, n, C, list, count, a, u, norms, norm_scale,
+                                                                            counter);
+  check_cuda(cudaGetLastError(), what);
+}
+
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void count_at_kernel(const float* v, const std::uint32_t* list, std::size_t count, unsigned long long* counter) {
+  unsigned long long bad = 0;
+  for (std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; j < count; j += std::size_t{gridDim.x} * blockDim.x)
+    bad += kernel_detail::nonfinite(v[list[j]]);
+  kernel_detail::warp_add(counter, bad);
+}
+
+}  // namespace chunk_detail
+
+/// The twin of kernels::compact_chunks_to_wire: g = pool + hist; out = W(g * scale) back to back;
+/// hist = g - float(out) * unscale there (0 where that is inf/NaN). W is gflow::half or bfloat16.
+template <class W>
+void compact_chunks_to_wire(const float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count, W* out,
+                            float scale, float unscale, cudaStream_t stream) {
+  chunk_detail::launch_fused<chunk_detail::fused::to_wire, W>("launch of gflow::cuda::compact_chunks_to_wire", const_cast<float*>(pool), hist,
+                                                             nullptr, out, nullptr, n, C, list, count, scale, unscale, nullptr, 1.0f, nullptr,
+                                                             stream);
+}
+
+/// The twin of kernels::scatter_chunks_counted: pool = buf (times value_scale when multiply) over
+/// the listed chunks; norms[c] = norm_scale * L1 in the host's order (norms may be null);
+/// counter += the inf/NaN values written.
+inline void scatter_chunks_counted(const float* buf, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                   bool multiply, float value_scale, float* norms, float norm_scale, unsigned long long* counter,
+                                   cudaStream_t stream) {
+  if (multiply)
+    chunk_detail::launch_fused<chunk_detail::fused::scatter_mul, float>("launch of gflow::cuda::scatter_chunks_counted", pool, nullptr, nullptr,
+                                                                       nullptr, buf, n, C, list, count, value_scale, 1.0f, norms, norm_scale,
+                                                                       counter, stream);
+  else
+    chunk_detail::launch_fused<chunk_detail::fused::scatter, float>("launch of gflow::cuda::scatter_chunks_counted", pool, nullptr, nullptr,
+                                                                   nullptr, buf, n, C, list, count, 1.0f, 1.0f, norms, norm_scale, counter,
+                                                                   stream);
+}
+
+/// The twin of kernels::scatter_chunks_from_wire: pool = float(wire) over the listed chunks;
+/// norms as scatter_chunks_counted; counter += the inf/NaN values.
+template <class W>
+void scatter_chunks_from_wire(const W* wire, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                              float* norms, float norm_scale, unsigned long long* counter, cudaStream_t stream) {
+  chunk_detail::launch_fused<chunk_detail::fused::from_wire, W>("launch of gflow::cuda::scatter_chunks_from_wire", pool, nullptr, wire, nullptr,
+                                                               nullptr, n, C, list, count, 1.0f, 1.0f, norms, norm_scale, counter, stream);
+}
+
+/// defer_chunks with the host's norm order and the host's history rule (finite_or_zero(m * g)):
+/// bitwise identical to kernels::defer_chunks.
+inline void defer_chunks_exact(float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                               float momentum, float* norms, cudaStream_t stream) {
+  chunk_detail::launch_fused<chunk_detail::fused::defer, float>("launch of gflow::cuda::defer_chunks_exact", pool, hist, nullptr, nullptr,
+                                                               nullptr, n, C, list, count, momentum, 1.0f, norms, 1.0f, nullptr, stream);
+}
+
+/// counter += the number of listed entries v[list[j]] that are inf or NaN.
+inline void count_nonfinite_at(const float* v, const std::uint32_t* list, std::size_t count, unsigned long long* counter, cudaStream_t stream) {
+  if (count == 0) return;
+  chunk_detail::count_at_kernel<<<chunk_detail::grid_for(count), chunk_detail::block_threads, 0, stream>>>(v, list, count, counter);
+  check_cuda(cudaGetLastError(), "launch of gflow::cuda::count_nonfinite_at");
 }
 
 /// Top-k chunk selection on the device, the twin of kernels::select_top_chunks. Owns its

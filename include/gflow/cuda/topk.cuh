@@ -279,7 +279,8 @@ __global__ void iota_kernel(I* out, std::size_t n, std::uint64_t base) {
   for (std::size_t i = kernel_detail::thread_index(); i < n; i += kernel_detail::grid_stride()) out[i] = static_cast<I>(base + i);
 }
 
-__global__ void accumulate_kernel(float* __restrict__ g, float* __restrict__ res, std::size_t n) {
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void accumulate_kernel(float* __restrict__ g, float* __restrict__ res, std::size_t n) {
   for (std::size_t i = kernel_detail::thread_index(); i < n; i += kernel_detail::grid_stride()) {
     const float G = add_rn(g[i], res[i]);
     g[i] = G;
@@ -337,7 +338,8 @@ __global__ void combine_kernel(const I* __restrict__ mi, const raw_t<W>* __restr
   }
 }
 
-__global__ void keys_kernel(const float* __restrict__ sums, std::size_t m, const unsigned* d_n, unsigned* __restrict__ keys) {
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void keys_kernel(const float* __restrict__ sums, std::size_t m, const unsigned* d_n, unsigned* __restrict__ keys) {
   const std::size_t n = count_of(m, d_n);
   for (std::size_t p = kernel_detail::thread_index(); p < n; p += kernel_detail::grid_stride()) keys[p] = magnitude_key(sums[p]);
 }
@@ -366,7 +368,8 @@ struct emit_merge {
   }
 };
 
-__global__ void kept_count_kernel(const unsigned* d_u, unsigned long long k, unsigned* d_counts) {
+// static: a non-template kernel in a header has one definition per translation unit.
+static __global__ void kept_count_kernel(const unsigned* d_u, unsigned long long k, unsigned* d_counts) {
   const unsigned u = *d_u;
   d_counts[0] = static_cast<unsigned>(u < k ? u : k);
 }

@@ -79,6 +79,12 @@ struct exchange_context {
     }
   }
 
+  /// Sums buf[0, n) over every rank in place through the topology, nothing else: host backends
+  /// complete before returning; stream-ordered (CUDA) backends queue it on the stream, so the
+  /// kernels enqueued next see the sum without a host wait (the sparse engines use this).
+  template <class E>
+  void sum(E* buf, std::size_t n) { run(buf, n); }
+
  private:
   template <class E>
   void run(E* buf, std::size_t n) {

@@ -16,13 +16,28 @@
 //     take_nonfinite()               the count since the last call (device: synchronises)
 //     order_after_producer()         before a bucket's work: device contexts make their stream
 //                                    wait for the trainer's producer stream (set_producer)
+//   chunked sparse kernels (CSC; kernels/sparse_chunks.hpp, the counting ones add to the count):
+//     compact_chunks, compact_chunks_to_wire, defer_chunks, scatter_chunks_counted,
+//     scatter_chunks_from_wire, count_nonfinite_at(v, list, count), select_top_chunks
+//   top-k kernels (TopK / GTopK; kernels/topk.hpp), over the scratch topk_scratch<W>:
+//     accumulate_select_topk, take_selected_dropping, pack, unpack_checked, fill_zero, scatter_add,
+//     merge_topk, decode_scatter_counted, restore_unselected, restore_records_in, copy_n
+//   download(host_dst, src, n) / upload(dst, host_src, n)   transfers to / from the host (here: copies)
+// The contract is gflow::detail::backend (detail/concepts.hpp), asserted below.
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
 
 #include "../kernels/cast.hpp"
+#include "../kernels/sparse_chunks.hpp"
+#include "../kernels/topk.hpp"
+#include "../transport/archetype.hpp"
+#include "concepts.hpp"
 
 namespace gflow::detail {
 
@@ -57,6 +72,9 @@ struct host_backend {
   static constexpr bool stream_ordered = false;
   template <class E>
   using buffer = host_buffer<E>;
+  /// The Top-k engines' selection scratch (reserve(n, k), release()).
+  template <class W>
+  using topk_scratch = kernels::topk_workspace;
 
   class context {
    public:
@@ -73,9 +91,98 @@ struct host_backend {
     std::size_t take_nonfinite() { const std::size_t b = bad_; bad_ = 0; return b; }
     void order_after_producer() {}  // host gradients are complete when ready() is called
 
+    // ---- chunked sparse kernels (CSC): kernels/sparse_chunks.hpp ----
+    void compact_chunks(const float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count, float* out) {
+      (void)kernels::compact_chunks(pool, hist, n, C, list, count, out);
+    }
+    template <class W>
+    void compact_chunks_to_wire(const float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                W* out, float scale, float unscale) {
+      (void)kernels::compact_chunks_to_wire(pool, hist, n, C, list, count, out, scale, unscale);
+    }
+    void defer_chunks(float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count, float momentum,
+                      float* norms) {
+      kernels::defer_chunks(pool, hist, n, C, list, count, momentum, norms);
+    }
+    void scatter_chunks_counted(const float* buf, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                bool multiply, float value_scale, float* norms, float norm_scale) {
+      bad_ += kernels::scatter_chunks_counted(buf, pool, n, C, list, count, multiply, value_scale, norms, norm_scale);
+    }
+    template <class W>
+    void scatter_chunks_from_wire(const W* wire, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                  float* norms, float norm_scale) {
+      bad_ += kernels::scatter_chunks_from_wire(wire, pool, n, C, list, count, norms, norm_scale);
+    }
+    void count_nonfinite_at(const float* v, const std::uint32_t* list, std::size_t count) {
+      for (std::size_t j = 0; j < count; ++j) bad_ += !std::isfinite(v[list[j]]);
+    }
+    void select_top_chunks(const float* norms, std::size_t chunks, std::size_t k, std::uint32_t* out) {
+      kernels::select_top_chunks(norms, chunks, k, out);
+    }
+
+    // ---- top-k kernels (TopK / GTopK): kernels/topk.hpp ----
+    template <class I>
+    kernels::topk_result accumulate_select_topk(const float* g, float* res, std::size_t n, std::size_t k, std::uint64_t base, I* out,
+                                                kernels::topk_workspace& ws) {
+      return kernels::accumulate_select_topk(g, res, n, k, base, out, ws);
+    }
+    /// On a unit [off, off + n) whose residual holds G: take the selection into `out` (the
+    /// residual keeps what was not sent); should every selected G be inf/NaN with count < n,
+    /// the unit's other inf/NaN are dropped from the residual (decided before the take).
+    template <class I, class W>
+    void take_selected_dropping(float* res, std::size_t off, std::size_t n, const I* idx, std::size_t count, W* out, float scale, float unscale,
+                                kernels::topk_workspace&) {
+      const bool drop = count < n && kernels::selection_all_nonfinite(res, idx, count);
+      kernels::take_selected(res, res, idx, count, out, scale, unscale);
+      if (drop) kernels::clear_nonfinite(res + off, n);
+    }
+    template <class I, class W>
+    void pack(unsigned char* msg, std::size_t k, const I* idx, const W* val, std::size_t count, kernels::message_header h = {}) {
+      kernels::pack(msg, k, idx, val, count, h);
+    }
+    template <class I, class W>
+    kernels::unpack_result unpack_checked(const unsigned char* msg, std::size_t k, std::uint64_t lo, std::uint64_t hi, I* idx, W* val,
+                                          kernels::topk_workspace&) {
+      return kernels::unpack_checked(msg, k, lo, hi, idx, val);
+    }
+    void fill_zero(float* p, std::size_t n) { std::fill(p, p + n, 0.0f); }
+    template <class I, class W>
+    void scatter_add(float* dst, const I* idx, const W* val, std::size_t count) { kernels::scatter_add(dst, idx, val, count); }
+    template <class I, class W>
+    std::size_t merge_topk(const I* ai, const W* av, std::size_t na, const I* bi, const W* bv, std::size_t nb, std::size_t k, I* oi, W* ov, I* ri,
+                           float* rv, std::size_t* records, kernels::merge_scratch<I> s, kernels::topk_workspace&) {
+      return kernels::merge_topk(ai, av, na, bi, bv, nb, k, oi, ov, ri, rv, records, s);
+    }
+    /// dst[idx[j]] = float(val[j]) * scale, counting inf/NaN results; `decoded` is count floats of scratch.
+    template <class I, class W>
+    void decode_scatter_counted(float* dst, const I* idx, const W* val, std::size_t count, float scale, float* decoded) {
+      kernels::decode_scaled(val, count, scale, decoded);
+      bad_ += kernels::count_nonfinite(decoded, count);
+      kernels::scatter_set(dst, idx, decoded, count);
+    }
+    template <class I, class W>
+    void restore_unselected(float* res, const I* ai, const W* av, std::size_t na, const I* fi, std::size_t nf, float unscale) {
+      kernels::restore_unselected(res, ai, av, na, fi, nf, unscale);
+    }
+    template <class I>
+    void restore_records_in(float* res, const I* ri, const float* rv, std::size_t nr, const I* fi, std::size_t nf, float unscale) {
+      kernels::restore_records_in(res, ri, rv, nr, fi, nf, unscale);
+    }
+    template <class E>
+    void copy_n(E* dst, const E* src, std::size_t n) { if (n && dst != src) std::memmove(dst, src, n * sizeof(E)); }
+
+    // ---- transfers: host memory already ----
+    template <class E>
+    void download(E* host_dst, const E* src, std::size_t n) { if (n && host_dst != src) std::memmove(host_dst, src, n * sizeof(E)); }
+    template <class E>
+    void upload(E* dst, const E* host_src, std::size_t n) { if (n && dst != host_src) std::memmove(dst, host_src, n * sizeof(E)); }
+
    private:
     std::size_t bad_ = 0;
   };
 };
+
+static_assert(backend<host_backend> && topk_backend<host_backend> && backend_for_transport<host_backend, transport_archetype<>>,
+              "gflow::detail::host_backend must meet gflow::detail::backend (detail/concepts.hpp)");
 
 }  // namespace gflow::detail

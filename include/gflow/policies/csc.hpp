@@ -82,8 +82,14 @@
 // warm-up exchanges everything), chunk norms and three chunk lists (this iteration's, the last
 // one's for the optimizer, the next one's).
 //
-// Host memory only for now: the CUDA kernels exist (cuda/sparse_chunks.cuh) but the engine's
-// device path does not (static_assert below).
+// Memory spaces: the engine is written once over the backend (detail/concepts.hpp): every kernel
+// goes through cx.kernels, host_backend forwarding to kernels/sparse_chunks.hpp and the CUDA
+// device_backend to include/gflow/cuda/sparse_chunks.cuh on the transport's stream (NCCL). The
+// chunk lists live twice: in the backend's memory for the kernels, and on the host, where the
+// cursors of exchange() and the checkpoint read them. What reaches the host on device memory:
+// the next selection (chunk indices, 4 bytes per chunk) once per iteration in end_iteration(),
+// after the device selection, because the host decides which chunks each bucket completes; and
+// the history / norms in save_state (a checkpoint is written by the host). Gradients never do.
 #include <algorithm>
 #include <cmath>
 #include <concepts>
@@ -120,10 +126,6 @@ struct CSC {
 
   template <class Ctx>
   class engine {
-    static_assert(!Ctx::backend::stream_ordered,
-                  "gflow::CSC on device memory is not implemented yet: the CUDA kernels exist "
-                  "(include/gflow/cuda/sparse_chunks.cuh) but the exchanger's device path for CSC does not. "
-                  "Use Sparsifier<CSC<...>> with a host-memory transport (MPI, in-process), or Sparsifier<Dense> with NCCL.");
     using wire_t = typename Ctx::wire_type;
     template <class E>
     using buffer = typename Ctx::backend::template buffer<E>;
@@ -135,7 +137,8 @@ struct CSC {
     static constexpr bool phased = false;
     static constexpr bool independent_buckets = false;
 
-    explicit engine(Ctx& cx) : cx_(&cx), geo_(cx.pool->total, ChunkElems), hist_(geo_.pool_elems()), norms_(geo_.count()) {
+    explicit engine(Ctx& cx)
+        : cx_(&cx), geo_(cx.pool->total, ChunkElems), hist_(geo_.pool_elems()), norms_(geo_.count()), d_cur_(geo_.count()), d_next_(geo_.count()) {
       if constexpr (Ctx::narrow) wire_ = buffer<wire_t>(geo_.pool_elems());  // compacted straight into the wire type
       else buf_ = buffer<float>(geo_.pool_elems());
       const std::size_t nc = geo_.count();
@@ -143,6 +146,7 @@ struct CSC {
       last_.resize(nc);
       next_.resize(nc);
       std::iota(cur_.begin(), cur_.end(), std::uint32_t{0});  // iteration 0: every chunk (no norms yet)
+      cx_->kernels->upload(d_cur_.data(), cur_.data(), nc);
       ncur_ = nc;
       rest_pos_ = nc;
       replan();
@@ -172,15 +176,18 @@ struct CSC {
       // Selected chunks in [lo, hi): the next run of the sorted selection.
       const std::size_t s0 = sel_pos_;
       while (sel_pos_ < ncur_ && cur_[sel_pos_] < hi) ++sel_pos_;
+      const std::uint32_t* dlist = d_cur_.data();
+      auto& k = *cx_->kernels;
       if constexpr (Ctx::narrow)  // cast while compacting; the history keeps the encoding's rounding error
-        pending_ += kernels::compact_chunks_to_wire(pool, hist_.data(), n, ChunkElems, cur_.data() + s0, sel_pos_ - s0, wire_.data() + pending_,
-                                                    cx_->mean_scale(), cx_->average ? static_cast<float>(cx_->ranks()) : 1.0f);
+        k.compact_chunks_to_wire(pool, hist_.data(), n, ChunkElems, dlist + s0, sel_pos_ - s0, wire_.data() + pending_, cx_->mean_scale(),
+                                 cx_->average ? static_cast<float>(cx_->ranks()) : 1.0f);
       else
-        pending_ += kernels::compact_chunks(pool, hist_.data(), n, ChunkElems, cur_.data() + s0, sel_pos_ - s0, buf_.data() + pending_);
+        k.compact_chunks(pool, hist_.data(), n, ChunkElems, dlist + s0, sel_pos_ - s0, buf_.data() + pending_);
+      pending_ += elements_of(s0, sel_pos_);
       // Kept-back chunks in [lo, hi): the next run of the sorted complement.
       const std::size_t u0 = rest_pos_;
       while (rest_pos_ < geo_.count() && cur_[rest_pos_] < hi) ++rest_pos_;
-      kernels::defer_chunks(pool, hist_.data(), n, ChunkElems, cur_.data() + u0, rest_pos_ - u0, momentum_, norms_.data());
+      k.defer_chunks(pool, hist_.data(), n, ChunkElems, dlist + u0, rest_pos_ - u0, momentum_, norms_.data());
       if (pending_ != 0 && (!cx_->fused() || pending_ * sizeof(wire_t) >= *cx_->threshold_bytes)) flush();
     }
 
@@ -195,20 +202,24 @@ struct CSC {
       const std::size_t nc = geo_.count();
       const std::uint64_t it = *cx_->iteration;
       const std::size_t k = schedule().selected(it + 1, nc);
+      auto& kern = *cx_->kernels;
       if (k < nc || ncur_ < nc) {
-        cx_->topology->run(norms_.data(), nc);
+        cx_->sum(norms_.data(), nc);
         bytes_ += nc * sizeof(float);
         ++collectives_;
         // Kept-back chunks whose summed norm is inf/NaN: report them on every rank.
-        for (std::size_t j = ncur_; j < nc; ++j)
-          if (!std::isfinite(norms_.data()[cur_[j]])) cx_->kernels->count_nonfinite(norms_.data() + cur_[j], 1);
+        kern.count_nonfinite_at(norms_.data(), d_cur_.data() + ncur_, nc - ncur_);
       }
-      if (k < nc) kernels::select_top_chunks(norms_.data(), nc, k, next_.data());
-      else std::iota(next_.begin(), next_.end(), std::uint32_t{0});
+      kern.select_top_chunks(norms_.data(), nc, k, d_next_.data());  // k == nc: every chunk, ascending
+      // The selection reaches the host (4 bytes per chunk, once per iteration): the host cursors
+      // of exchange() decide which chunks each bucket completes. On device memory this waits for
+      // the stream, where finish() waits anyway.
+      kern.download(next_.data(), d_next_.data(), nc);
       // last_ <- the iteration just finished, cur_ <- the next one.
       std::swap(last_, cur_);
       nlast_ = ncur_;
       std::swap(cur_, next_);
+      std::swap(d_cur_, d_next_);
       ncur_ = k;
       last_bytes_ = bytes_;
       last_collectives_ = collectives_;
@@ -301,8 +312,12 @@ struct CSC {
       w.array(cur_.data(), nc);
       w.u64(nlast_);
       w.array(last_.data(), nlast_);  // selected_chunks(); the rest of last_ is scratch
-      w.array(norms_.data(), nc);
-      w.array(hist_.data(), geo_.pool_elems());
+      // Device memory: the checkpoint is written by the host, so the state comes down here.
+      std::vector<float> norms(nc), hist(geo_.pool_elems());
+      cx_->kernels->download(norms.data(), norms_.data(), nc);
+      cx_->kernels->download(hist.data(), hist_.data(), hist.size());
+      w.array(norms.data(), nc);
+      w.array(hist.data(), hist.size());
     }
 
     [[nodiscard]] saved_state read_state(detail::checkpoint_reader& r) const {
@@ -338,10 +353,11 @@ struct CSC {
       return s;
     }
 
-    /// Applies a validated state (read_state); allocates nothing.
-    void restore_state(saved_state&& s) noexcept {
-      std::copy(s.hist.begin(), s.hist.end(), hist_.data());
-      std::copy(s.norms.begin(), s.norms.end(), norms_.data());
+    /// Applies a validated state (read_state); allocates nothing (device memory: three uploads).
+    void restore_state(saved_state&& s) noexcept(!Ctx::backend::stream_ordered) {
+      cx_->kernels->upload(hist_.data(), s.hist.data(), s.hist.size());
+      cx_->kernels->upload(norms_.data(), s.norms.data(), s.norms.size());
+      cx_->kernels->upload(d_cur_.data(), s.cur.data(), s.cur.size());
       cur_.swap(s.cur);
       last_.swap(s.last);
       ncur_ = s.ncur;
@@ -368,6 +384,14 @@ struct CSC {
       }
     }
 
+    // Elements of the chunks cur_[a, b) (ascending): only the pool's last chunk can be partial.
+    [[nodiscard]] std::size_t elements_of(std::size_t a, std::size_t b) const noexcept {
+      if (a == b) return 0;
+      std::size_t e = (b - a) * ChunkElems;
+      if (cur_[b - 1] + 1 == geo_.count()) e -= geo_.count() * ChunkElems - geo_.pool_elems();
+      return e;
+    }
+
     void in_iteration_check(const char* what) const {
       if (next_bucket_ != 0)
         throw usage_error(what, "called in the middle of an iteration (after " + std::to_string(next_bucket_) + " buckets were exchanged).",
@@ -381,18 +405,16 @@ struct CSC {
     // scattering; an fp32 buffer is averaged (when asked) and counted while scattering.
     void flush() {
       const float to_sum_over_p = cx_->average ? 1.0f : 1.0f / static_cast<float>(cx_->ranks());
-      const std::uint32_t* list = cur_.data() + flushed_;
       const std::size_t count = sel_pos_ - flushed_, n = geo_.pool_elems();
-      std::size_t bad;
+      const std::uint32_t* dlist = d_cur_.data() + flushed_;
+      auto& k = *cx_->kernels;
       if constexpr (Ctx::narrow) {
-        cx_->topology->run(wire_.data(), pending_);
-        bad = kernels::scatter_chunks_from_wire(wire_.data(), cx_->grads, n, ChunkElems, list, count, norms_.data(), to_sum_over_p);
+        cx_->sum(wire_.data(), pending_);
+        k.scatter_chunks_from_wire(wire_.data(), cx_->grads, n, ChunkElems, dlist, count, norms_.data(), to_sum_over_p);
       } else {
-        cx_->topology->run(buf_.data(), pending_);
-        bad = kernels::scatter_chunks_counted(buf_.data(), cx_->grads, n, ChunkElems, list, count, cx_->average, cx_->mean_scale(), norms_.data(),
-                                              to_sum_over_p);
+        cx_->sum(buf_.data(), pending_);
+        k.scatter_chunks_counted(buf_.data(), cx_->grads, n, ChunkElems, dlist, count, cx_->average, cx_->mean_scale(), norms_.data(), to_sum_over_p);
       }
-      cx_->kernels->add_nonfinite(bad);
       bytes_ += pending_ * sizeof(wire_t);
       ++collectives_;
       pending_ = 0;
@@ -405,6 +427,7 @@ struct CSC {
     buffer<float> buf_;
     buffer<wire_t> wire_;
     buffer<float> norms_;
+    buffer<std::uint32_t> d_cur_, d_next_;  // cur_ and the next selection in the backend's memory, for the kernels
     std::vector<plan::chunk_range> ranges_;
     // Chunk lists, each a partition: [0, n) selected ascending, [n, chunks) the others ascending.
     std::vector<std::uint32_t> cur_, last_, next_;
@@ -425,5 +448,10 @@ struct CSC {
 static_assert(sparsifier_policy<Sparsifier<CSC<>>>);
 static_assert(sparsifier_policy<Sparsifier<CSC<32768, 15>>>);
 static_assert(!Sparsifier<CSC<>>::dense);
+// CSC's engine meets gflow::detail::sparsifier_engine (detail/concepts.hpp), fp32 and 16-bit wires.
+static_assert(detail::sparsifier_engine<CSC<8, 25>::engine<detail::archetype_context<>>, detail::archetype_context<>> &&
+                  detail::sparsifier_engine<CSC<8, 25>::engine<detail::archetype_context<half>>, detail::archetype_context<half>> &&
+                  detail::counts_collectives<CSC<8, 25>::engine<detail::archetype_context<>>>,
+              "gflow::CSC::engine must meet gflow::detail::sparsifier_engine");
 
 }  // namespace gflow

@@ -2,7 +2,8 @@
 // Sparsifier<S>: what part of the pool is exchanged, and what is kept back as residual.
 //
 // A scheme S provides an engine, built once per exchanger over its exchange context
-// (detail/exchange_context.hpp):
+// (detail/exchange_context.hpp); the contract is the concept gflow::detail::sparsifier_engine
+// (detail/concepts.hpp), asserted after each engine:
 //
 //   template <class Ctx> class engine {
 //     explicit engine(Ctx& cx);       // after planning; may allocate here
@@ -25,6 +26,8 @@
 #include <concepts>
 #include <cstddef>
 
+#include "../detail/archetype_context.hpp"
+#include "../detail/concepts.hpp"
 #include "family.hpp"
 
 namespace gflow {
@@ -69,6 +72,11 @@ struct Dense {
     typename Ctx::backend::template buffer<typename Ctx::wire_type> wire_;
   };
 };
+
+// Dense's engine meets gflow::detail::sparsifier_engine (detail/concepts.hpp), on fp32 and 16-bit wires.
+static_assert(detail::sparsifier_engine<Dense::engine<detail::archetype_context<>>, detail::archetype_context<>> &&
+                  detail::sparsifier_engine<Dense::engine<detail::archetype_context<half>>, detail::archetype_context<half>>,
+              "gflow::Dense::engine must meet gflow::detail::sparsifier_engine");
 
 template <class S = Dense>
 struct Sparsifier {

@@ -72,10 +72,15 @@
 // top-k), k(), wire_bytes(), message_bytes(). Every rank must use the same layout, fusion,
 // schedule and index width; change them between iterations only.
 //
-// Memory: the engine works on host memory (MPI, in-process and mock transports); the CUDA
-// kernels are in include/gflow/cuda/topk.cuh, but the exchanger integration on device memory
-// is not done yet (a static_assert says so). Buffers are sized for the schedule's largest
-// density when the engine is built, replanned or given a schedule; an iteration allocates nothing.
+// Memory spaces: the engine is written once over the backend (detail/concepts.hpp, topk_backend):
+// host_backend forwards to kernels/topk.hpp; device_backend (NCCL, gflow::inproc_device) runs the
+// CUDA twins (cuda/topk.cuh, cuda/topk_engine.cuh) on the transport's stream. On device memory the
+// values never come to the host: each message's verdict and each merge's counts do (a few bytes,
+// one stream synchronisation each, because the host logic below decides from them), selected() /
+// exchanged() stay empty, and TopK averages over the whole unit (the same bits as over the union).
+// docs/DESIGN.md, "Device memory", lists every transfer. Buffers are sized for the schedule's
+// largest density when the engine is built, replanned or given a schedule; an iteration allocates
+// nothing (the device selector and mergers are built on their first use).
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
@@ -99,29 +104,36 @@ namespace gflow {
 
 namespace detail {
 
-// Typed scratch for one index width (u32 or u64); only the width in use is allocated.
-template <class I, class W>
+// Typed scratch for one index width (u32 or u64), in the backend's memory; only the width in use
+// is allocated.
+template <class I, class W, class B>
 struct topk_lists {
-  std::vector<I> mine_idx, cur_idx, tmp_idx, recv_idx;
-  std::vector<W> mine_val, cur_val, tmp_val, recv_val;
-  std::vector<I> u_idx;               // merge union, 2k
-  std::vector<float> u_sum;           // 2k
-  std::vector<std::uint32_t> u_key;   // 2k
-  std::vector<I> rec_idx;             // merge records, rounds x 2k
-  std::vector<float> rec_val;
-  std::vector<std::size_t> rec_count; // per round
+  template <class E>
+  using buf = typename B::template buffer<E>;
+  buf<I> mine_idx, cur_idx, tmp_idx, recv_idx;
+  buf<W> mine_val, cur_val, tmp_val, recv_val;
+  buf<I> u_idx;                       // merge union, 2k (host merge scratch)
+  buf<float> u_sum;                   // 2k
+  buf<std::uint32_t> u_key;           // 2k
+  buf<I> rec_idx;                     // merge records, rounds x 2k
+  buf<float> rec_val;
+  std::vector<std::size_t> rec_count; // per round (host)
 
   void size_for(std::size_t k, int rounds, bool global) {
-    for (auto* v : {&mine_idx, &recv_idx}) v->assign(k, I{});
-    for (auto* v : {&mine_val, &recv_val}) v->assign(k, W{});
+    mine_idx = buf<I>(k);
+    recv_idx = buf<I>(k);
+    mine_val = buf<W>(k);
+    recv_val = buf<W>(k);
     if (global) {
-      for (auto* v : {&cur_idx, &tmp_idx}) v->assign(k, I{});
-      for (auto* v : {&cur_val, &tmp_val}) v->assign(k, W{});
-      u_idx.assign(2 * k, I{});
-      u_sum.assign(2 * k, 0.0f);
-      u_key.assign(2 * k, 0u);
-      rec_idx.assign(static_cast<std::size_t>(rounds) * 2 * k, I{});
-      rec_val.assign(static_cast<std::size_t>(rounds) * 2 * k, 0.0f);
+      cur_idx = buf<I>(k);
+      tmp_idx = buf<I>(k);
+      cur_val = buf<W>(k);
+      tmp_val = buf<W>(k);
+      u_idx = buf<I>(2 * k);
+      u_sum = buf<float>(2 * k);
+      u_key = buf<std::uint32_t>(2 * k);
+      rec_idx = buf<I>(static_cast<std::size_t>(rounds) * 2 * k);
+      rec_val = buf<float>(static_cast<std::size_t>(rounds) * 2 * k);
       rec_count.assign(static_cast<std::size_t>(rounds), 0);
     }
   }
@@ -132,10 +144,15 @@ template <class Ctx, double Density, bool Global>
 class topk_engine {
   using T = typename Ctx::transport_type;
   using W = typename Ctx::wire_type;
-  static_assert(std::same_as<typename T::memory_space, host_memory>,
-                "gflow::Sparsifier<TopK<d>> / Sparsifier<GTopK<d>>: the exchanger integration of the Top-k sparsifiers "
-                "runs on host memory (MPI, in-process or mock transports) for now; on device memory (NCCL) use "
-                "Sparsifier<Dense>, or call the CUDA kernels of <gflow/cuda/topk.cuh> yourself.");
+  using B = typename Ctx::backend;
+  static_assert(topk_backend<B>,
+                "gflow::Sparsifier<TopK<d>> / Sparsifier<GTopK<d>>: the memory space's backend has no Top-k kernels "
+                "(gflow::detail::topk_backend, include/gflow/detail/concepts.hpp).");
+  template <class E>
+  using buffer = typename B::template buffer<E>;
+  // Host memory: every list is readable here, and selected() / exchanged() are filled. Device
+  // memory: lists stay on the device; only verdicts and counts come to the host (see below).
+  static constexpr bool on_host = !B::stream_ordered;
   static constexpr const char* scheme_name = Global ? "GTopK" : "TopK";
 
  public:
@@ -147,7 +164,7 @@ class topk_engine {
 
   explicit topk_engine(Ctx& cx) : cx_(&cx), schedule_(plan::density_schedule::constant(Density)) {
     wide_ = cx.pool->total > (std::uint64_t{1} << 32);
-    residual_.assign(cx.pool->total, 0.0f);
+    residual_ = buffer<float>(cx.pool->total);
     replan();
   }
 
@@ -184,20 +201,22 @@ class topk_engine {
     steps_.clear();
     if constexpr (Global) {
       steps_ = plan::gtopk_schedule(rank, P);
-      decoded_.assign(kcap, 0.0f);
+      decoded_ = buffer<float>(kcap);
     } else {
-      union_a_.assign(ucap, 0);
-      union_b_.assign(ucap, 0);
-      decoded_.assign(ucap, 0.0f);
+      if constexpr (on_host) {
+        union_a_.assign(ucap, 0);
+        union_b_.assign(ucap, 0);
+      }
+      decoded_ = buffer<float>(ucap);
     }
     size_lists();
     const std::size_t mb = kernels::message_bytes(kcap, index_bytes(), sizeof(W));
-    send_msg_.assign(mb, 0);
+    send_msg_ = buffer<std::uint8_t>(mb);
     if constexpr (Global) {
-      recv_msg_.assign(mb, 0);
-      bcast_msg_.assign(mb, 0);
+      recv_msg_ = buffer<std::uint8_t>(mb);
+      bcast_msg_ = buffer<std::uint8_t>(mb);
     } else {
-      gather_.assign(mb * static_cast<std::size_t>(P), 0);
+      gather_ = buffer<std::uint8_t>(mb * static_cast<std::size_t>(P));
     }
     const float Pf = static_cast<float>(P);
     scale_ = (Ctx::narrow && cx_->average) ? 1.0f / Pf : 1.0f;
@@ -273,7 +292,13 @@ class topk_engine {
       w.f64(st.density);
     }
     w.f64(schedule_.final_density());
-    w.array(residual_.data(), residual_.size());
+    if constexpr (on_host) {
+      w.array(residual_.data(), residual_.size());
+    } else {  // the checkpoint is written by the host: the residual comes down here
+      std::vector<float> res(residual_.size());
+      cx_->kernels->download(res.data(), residual_.data(), res.size());
+      w.array(res.data(), res.size());
+    }
   }
 
   [[nodiscard]] saved_state read_state(checkpoint_reader& r) const {
@@ -310,7 +335,7 @@ class topk_engine {
   /// Applies a validated state (read_state). Buffers are re-sized for the schedule (as
   /// set_schedule does); the per-iteration introspection starts empty.
   void restore_state(saved_state&& s) {
-    residual_.swap(s.residual);
+    cx_->kernels->upload(residual_.data(), s.residual.data(), s.residual.size());
     schedule_ = std::move(s.schedule);
     wide_ = s.wide;
     density_ = s.density;
@@ -319,12 +344,15 @@ class topk_engine {
   }
 
   // ---- introspection ------------------------------------------------------------------------
-  /// The residual, in pool order (pool_data() indexing).
-  [[nodiscard]] std::span<const float> residual() const noexcept { return residual_; }
-  /// Pool indices this rank selected this iteration (increasing).
+  /// The residual, in pool order (pool_data() indexing), in the backend's memory (device memory:
+  /// a device span).
+  [[nodiscard]] std::span<const float> residual() const noexcept { return {residual_.data(), residual_.size()}; }
+  /// Pool indices this rank selected this iteration (increasing). Host memory only: on device
+  /// memory the lists stay on the device and this is empty.
   [[nodiscard]] std::span<const std::uint64_t> selected() const noexcept { return {selected_.data(), selected_n_}; }
   /// Pool indices the applied result holds a value for this iteration (increasing): TopK the
-  /// union of every rank's selection, GTopK the global top-k. Identical on every rank.
+  /// union of every rank's selection, GTopK the global top-k. Identical on every rank. Host memory
+  /// only (empty on device memory).
   [[nodiscard]] std::span<const std::uint64_t> exchanged() const noexcept { return {exchanged_.data(), exchanged_n_}; }
   /// Entries each rank selected this iteration, summed over the selection units.
   [[nodiscard]] std::size_t k() const noexcept { return k_total_; }
@@ -346,7 +374,7 @@ class topk_engine {
 
  private:
   template <class I>
-  topk_lists<I, W>& lists() noexcept {
+  topk_lists<I, W, B>& lists() noexcept {
     if constexpr (std::same_as<I, std::uint32_t>) return l32_;
     else return l64_;
   }
@@ -381,17 +409,18 @@ class topk_engine {
     auto& L = lists<I>();
     const std::size_t k = plan::k_for(density_, n);
     const std::size_t mb = kernels::message_bytes(k, sizeof(I), sizeof(W));
+    auto& kern = *cx_->kernels;
     float* res = residual_.data();  // holds G from here until take_selected
-    const auto sel = kernels::accumulate_select_topk(cx_->grads + off, res + off, n, k, off, L.mine_idx.data(), ws_);
+    const auto sel = kern.accumulate_select_topk(cx_->grads + off, res + off, n, k, off, L.mine_idx.data(), ws_);
     count_path(sel.path);
     const std::size_t cnt = sel.count;
     // More inf/NaN than the selection holds: the rest must not stay in the residual (decided on
-    // G, before take_selected overwrites the selected elements).
-    const bool drop_nonfinite = cnt < n && kernels::selection_all_nonfinite(res, L.mine_idx.data(), cnt);
-    kernels::take_selected(res, res, L.mine_idx.data(), cnt, L.mine_val.data(), scale_, unscale_);
-    if (drop_nonfinite) kernels::clear_nonfinite(res + off, n);
-    for (std::size_t j = 0; j < cnt; ++j) selected_[selected_n_ + j] = static_cast<std::uint64_t>(L.mine_idx[j]);
-    selected_n_ += cnt;
+    // G, before the take overwrites the selected elements).
+    kern.take_selected_dropping(res, off, n, L.mine_idx.data(), cnt, L.mine_val.data(), scale_, unscale_, ws_);
+    if constexpr (on_host) {
+      for (std::size_t j = 0; j < cnt; ++j) selected_[selected_n_ + j] = static_cast<std::uint64_t>(L.mine_idx.data()[j]);
+      selected_n_ += cnt;
+    }
     k_total_ += k;
     ++selections_;
     message_bytes_ = mb;
@@ -412,7 +441,7 @@ class topk_engine {
   template <class I>
   void restore_own(std::size_t cnt) {
     auto& L = lists<I>();
-    kernels::restore_unselected(residual_.data(), L.mine_idx.data(), L.mine_val.data(), cnt, static_cast<const I*>(nullptr), 0, unscale_);
+    cx_->kernels->restore_unselected(residual_.data(), L.mine_idx.data(), L.mine_val.data(), cnt, static_cast<const I*>(nullptr), 0, unscale_);
   }
 
   std::string fix_text() const {
@@ -424,14 +453,16 @@ class topk_engine {
   template <class I>
   void run_gather(std::size_t off, std::size_t n, std::size_t k, std::size_t mb, std::size_t cnt) {
     auto& L = lists<I>();
+    auto& kern = *cx_->kernels;
     T& t = *cx_->transport;
     const int P = t.size();
-    kernels::pack(send_msg_.data(), k, L.mine_idx.data(), L.mine_val.data(), cnt);
+    kern.pack(send_msg_.data(), k, L.mine_idx.data(), L.mine_val.data(), cnt);
     t.all_gather(send_msg_.data(), gather_.data(), mb);
     wire_bytes_ += mb;
-    // Validate all P messages before the pool is touched.
+    // Validate all P messages before the pool is touched (device memory: each verdict comes to
+    // the host, the entries stay on the device).
     for (int q = 0; q < P; ++q) {
-      const auto r = kernels::unpack_checked(block(q, mb), k, off, off + n, L.recv_idx.data(), L.recv_val.data());
+      const auto r = kern.unpack_checked(block(q, mb), k, off, off + n, L.recv_idx.data(), L.recv_val.data(), ws_);
       if (!r.ok()) {
         restore_own<I>(cnt);
         throw parse_error(kernels::parameter_of(r.fault),
@@ -441,34 +472,45 @@ class topk_engine {
       }
     }
     float* g = cx_->grads + off;
-    std::fill(g, g + n, 0.0f);
+    kern.fill_zero(g, n);
     std::size_t ua = 0;
     for (int q = 0; q < P; ++q) {  // rank order: the same additions, in the same order, on every rank
-      const auto r = kernels::unpack_checked(block(q, mb), k, off, off + n, L.recv_idx.data(), L.recv_val.data());
-      kernels::scatter_add(cx_->grads, L.recv_idx.data(), L.recv_val.data(), r.count);
-      const auto end = std::set_union(union_a_.data(), union_a_.data() + ua, L.recv_idx.data(), L.recv_idx.data() + r.count, union_b_.data());
-      ua = static_cast<std::size_t>(end - union_b_.data());
-      std::swap(union_a_, union_b_);
+      const auto r = kern.unpack_checked(block(q, mb), k, off, off + n, L.recv_idx.data(), L.recv_val.data(), ws_);
+      kern.scatter_add(cx_->grads, L.recv_idx.data(), L.recv_val.data(), r.count);
+      if constexpr (on_host) {
+        const I* ri = L.recv_idx.data();
+        const auto end = std::set_union(union_a_.data(), union_a_.data() + ua, ri, ri + r.count, union_b_.data());
+        ua = static_cast<std::size_t>(end - union_b_.data());
+        std::swap(union_a_, union_b_);
+      }
     }
-    std::copy(union_a_.data(), union_a_.data() + ua, exchanged_.data() + exchanged_n_);
-    exchanged_n_ += ua;
-    // Only the union's elements can differ from +0 (and +0 * (1/P) = +0): average and count
-    // inf / NaN there.
-    if (!Ctx::narrow && cx_->average) kernels::scale_at(cx_->grads, union_a_.data(), ua, cx_->mean_scale(), decoded_.data());
-    else kernels::gather_at(cx_->grads, union_a_.data(), ua, decoded_.data());
-    cx_->kernels->count_nonfinite(decoded_.data(), ua);
+    if constexpr (on_host) {
+      std::copy(union_a_.data(), union_a_.data() + ua, exchanged_.data() + exchanged_n_);
+      exchanged_n_ += ua;
+      // Only the union's elements can differ from +0 (and +0 * (1/P) = +0): average and count
+      // inf / NaN there.
+      if (!Ctx::narrow && cx_->average) kernels::scale_at(cx_->grads, union_a_.data(), ua, cx_->mean_scale(), decoded_.data());
+      else kernels::gather_at(cx_->grads, union_a_.data(), ua, decoded_.data());
+      kern.count_nonfinite(decoded_.data(), ua);
+    } else {
+      // The union's indices stay on the device: average / count over the whole unit, which gives
+      // the same bits (every other element is +0, and +0 * (1/P) = +0, finite) for one more pass.
+      if (!Ctx::narrow && cx_->average) kern.scale_in_place(g, n, cx_->mean_scale());
+      else kern.count_nonfinite(g, n);
+    }
   }
 
-  const unsigned char* block(int q, std::size_t mb) const noexcept { return gather_.data() + static_cast<std::size_t>(q) * mb; }
+  const std::uint8_t* block(int q, std::size_t mb) const noexcept { return gather_.data() + static_cast<std::size_t>(q) * mb; }
 
   // ---- GTopK: tree of merges, then a broadcast --------------------------------------------
   template <class I>
   void run_global(std::size_t off, std::size_t n, std::size_t k, std::size_t mb, std::size_t cnt) {
     auto& L = lists<I>();
+    auto& kern = *cx_->kernels;
     T& t = *cx_->transport;
     const int rank = t.rank();
-    std::copy(L.mine_idx.data(), L.mine_idx.data() + cnt, L.cur_idx.data());
-    std::copy(L.mine_val.data(), L.mine_val.data() + cnt, L.cur_val.data());
+    kern.copy_n(L.cur_idx.data(), L.mine_idx.data(), cnt);
+    kern.copy_n(L.cur_val.data(), L.mine_val.data(), cnt);
     std::size_t cur = cnt;
     kernels::message_header mark{};  // status != 0 once this rank saw a bad message (or a marked one)
     kernels::unpack_result own{};    // what this rank itself rejected
@@ -478,7 +520,9 @@ class topk_engine {
       L.rec_count[j] = 0;
       if (s.role == plan::tree_role::receive) {
         t.recv(recv_msg_.data(), mb, s.peer);
-        const auto r = kernels::unpack_checked(recv_msg_.data(), k, off, off + n, L.recv_idx.data(), L.recv_val.data());
+        // Device memory: the verdict (and below the merge's counts) come to the host, because the
+        // host decides whether to merge or forward a fault and how many entries the next message holds.
+        const auto r = kern.unpack_checked(recv_msg_.data(), k, off, off + n, L.recv_idx.data(), L.recv_val.data(), ws_);
         if (!r.ok()) {
           if (mark.status == 0) {
             if (r.fault == kernels::message_fault::status) {
@@ -495,24 +539,24 @@ class topk_engine {
         if (mark.status != 0) continue;
         std::size_t nrec = 0;
         const std::size_t base = j * 2 * kcap_;
-        cur = kernels::merge_topk(L.recv_idx.data(), L.recv_val.data(), r.count, L.cur_idx.data(), L.cur_val.data(), cur, k, L.tmp_idx.data(),
-                                  L.tmp_val.data(), L.rec_idx.data() + base, L.rec_val.data() + base, &nrec,
-                                  kernels::merge_scratch<I>{L.u_idx.data(), L.u_sum.data(), L.u_key.data()});
+        cur = kern.merge_topk(L.recv_idx.data(), L.recv_val.data(), r.count, L.cur_idx.data(), L.cur_val.data(), cur, k, L.tmp_idx.data(),
+                              L.tmp_val.data(), L.rec_idx.data() + base, L.rec_val.data() + base, &nrec,
+                              kernels::merge_scratch<I>{L.u_idx.data(), L.u_sum.data(), L.u_key.data()}, ws_);
         L.rec_count[j] = nrec;
         std::swap(L.cur_idx, L.tmp_idx);
         std::swap(L.cur_val, L.tmp_val);
       } else if (s.role == plan::tree_role::send) {
-        kernels::pack(send_msg_.data(), k, L.cur_idx.data(), L.cur_val.data(), mark.status ? 0 : cur, mark);
+        kern.pack(send_msg_.data(), k, L.cur_idx.data(), L.cur_val.data(), mark.status ? 0 : cur, mark);
         t.send(send_msg_.data(), mb, s.peer);
         wire_bytes_ += mb;
       }
     }
-    if (rank == 0) kernels::pack(bcast_msg_.data(), k, L.cur_idx.data(), L.cur_val.data(), mark.status ? 0 : cur, mark);
-    else kernels::pack(bcast_msg_.data(), k, L.cur_idx.data(), L.cur_val.data(), 0);  // overwritten by the broadcast
+    if (rank == 0) kern.pack(bcast_msg_.data(), k, L.cur_idx.data(), L.cur_val.data(), mark.status ? 0 : cur, mark);
+    else kern.pack(bcast_msg_.data(), k, L.cur_idx.data(), L.cur_val.data(), 0);  // overwritten by the broadcast
     t.broadcast(bcast_msg_.data(), mb, 0);
     wire_bytes_ += mb;
     // The global list, into tmp (cur is no longer needed).
-    const auto F = kernels::unpack_checked(bcast_msg_.data(), k, off, off + n, L.tmp_idx.data(), L.tmp_val.data());
+    const auto F = kern.unpack_checked(bcast_msg_.data(), k, off, off + n, L.tmp_idx.data(), L.tmp_val.data(), ws_);
     if (!F.ok() || mark.status != 0) {  // a rank rejected a message: every rank learns it from the broadcast
       restore_own<I>(cnt);
       fail_global(F, mark, own, own_peer, k, off, n);
@@ -520,19 +564,19 @@ class topk_engine {
     const std::size_t nf = F.count;
     const I* fi = L.tmp_idx.data();
     float* g = cx_->grads;
-    std::fill(g + off, g + off + n, 0.0f);
+    kern.fill_zero(g + off, n);
     const float post = (!Ctx::narrow && cx_->average) ? cx_->mean_scale() : 1.0f;
-    kernels::decode_scaled(L.tmp_val.data(), nf, post, decoded_.data());
-    cx_->kernels->count_nonfinite(decoded_.data(), nf);
-    kernels::scatter_set(g, fi, decoded_.data(), nf);
+    kern.decode_scatter_counted(g, fi, L.tmp_val.data(), nf, post, decoded_.data());
     // Residuals: Algorithm 4 line 10, then the merge records of indices in the global list.
-    kernels::restore_unselected(residual_.data(), L.mine_idx.data(), L.mine_val.data(), cnt, fi, nf, unscale_);
+    kern.restore_unselected(residual_.data(), L.mine_idx.data(), L.mine_val.data(), cnt, fi, nf, unscale_);
     for (std::size_t j = 0; j < steps_.size(); ++j) {
       const std::size_t base = j * 2 * kcap_;
-      kernels::restore_records_in(residual_.data(), L.rec_idx.data() + base, L.rec_val.data() + base, L.rec_count[j], fi, nf, unscale_);
+      kern.restore_records_in(residual_.data(), L.rec_idx.data() + base, L.rec_val.data() + base, L.rec_count[j], fi, nf, unscale_);
     }
-    for (std::size_t j = 0; j < nf; ++j) exchanged_[exchanged_n_ + j] = static_cast<std::uint64_t>(fi[j]);
-    exchanged_n_ += nf;
+    if constexpr (on_host) {
+      for (std::size_t j = 0; j < nf; ++j) exchanged_[exchanged_n_ + j] = static_cast<std::uint64_t>(fi[j]);
+      exchanged_n_ += nf;
+    }
   }
 
   // Throws the error of a failed gTop-k exchange: a rejected message reported through the tree
@@ -559,14 +603,14 @@ class topk_engine {
   std::size_t kcap_ = 0;
   float scale_ = 1.0f;    // applied before encoding (1/P with a 16-bit wire and averaging)
   float unscale_ = 1.0f;  // its inverse, for residual bookkeeping
-  std::vector<float> residual_;
-  kernels::topk_workspace ws_;
-  std::vector<unsigned char> send_msg_, recv_msg_, bcast_msg_, gather_;
-  std::vector<std::uint64_t> selected_, exchanged_, union_a_, union_b_;
-  std::vector<float> decoded_;  // GTopK: the global list's values; TopK: the union's results
+  buffer<float> residual_;
+  typename B::template topk_scratch<W> ws_;
+  buffer<std::uint8_t> send_msg_, recv_msg_, bcast_msg_, gather_;
+  std::vector<std::uint64_t> selected_, exchanged_, union_a_, union_b_;  // host memory only: see selected()
+  buffer<float> decoded_;  // GTopK: the global list's values; TopK: the union's results (host scratch)
   std::vector<plan::tree_step> steps_;
-  topk_lists<std::uint32_t, W> l32_;
-  topk_lists<std::uint64_t, W> l64_;
+  topk_lists<std::uint32_t, W, B> l32_;
+  topk_lists<std::uint64_t, W, B> l64_;
   // per iteration
   double density_ = Density;
   std::size_t wire_bytes_ = 0, selected_n_ = 0, exchanged_n_ = 0, k_total_ = 0, selections_ = 0, message_bytes_ = 0;
@@ -612,5 +656,11 @@ static_assert(topk_scheme<TopK<1.0>>);
 static_assert(!topk_scheme<Dense>);
 static_assert(sparsifier_policy<Sparsifier<TopK<0.001>>>);
 static_assert(sparsifier_policy<Sparsifier<GTopK<0.01>>>);
+// The Top-k engines meet gflow::detail::sparsifier_engine (detail/concepts.hpp).
+static_assert(detail::sparsifier_engine<TopK<0.01>::engine<detail::archetype_context<>>, detail::archetype_context<>> &&
+                  detail::sparsifier_engine<GTopK<0.01>::engine<detail::archetype_context<half>>, detail::archetype_context<half>> &&
+                  detail::counts_collectives<TopK<0.01>::engine<detail::archetype_context<>>> &&
+                  detail::counts_collectives<GTopK<0.01>::engine<detail::archetype_context<>>>,
+              "gflow::TopK / GTopK engines must meet gflow::detail::sparsifier_engine");
 
 }  // namespace gflow

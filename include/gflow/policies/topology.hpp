@@ -53,6 +53,8 @@
 #include "../dtype.hpp"
 #include "../error.hpp"
 #include "../plan/groups.hpp"
+#include "../detail/concepts.hpp"
+#include "../transport/archetype.hpp"
 #include "../transport/transport.hpp"
 #include "family.hpp"
 
@@ -288,5 +290,17 @@ concept topology_policy = std::same_as<typename P::gflow_family, topology_family
 static_assert(topology_policy<Topology<>>);
 static_assert(topology_policy<Topology<Hierarchical<8>>>);
 static_assert(topology_policy<Topology<Hybrid<(1 << 20), 8>>>);
+
+// The topology engines meet gflow::detail::topology_engine (detail/concepts.hpp).
+static_assert(detail::topology_engine<Ring::engine<transport_archetype<>>, transport_archetype<>, half> &&
+                  detail::topology_engine<Ring::engine<transport_archetype<>>, transport_archetype<>, bfloat16> &&
+                  !detail::checkpointed<Ring::engine<transport_archetype<>>>,
+              "Ring::engine must meet gflow::detail::topology_engine (detail/concepts.hpp)");
+static_assert(detail::topology_engine<Hierarchical<2>::engine<transport_archetype<>>, transport_archetype<>, half> &&
+                  !detail::checkpointed<Hierarchical<2>::engine<transport_archetype<>>>,
+              "Hierarchical<g>::engine must meet gflow::detail::topology_engine (detail/concepts.hpp)");
+static_assert(detail::topology_engine<Hybrid<1024, 2>::engine<transport_archetype<>>, transport_archetype<>, half> &&
+                  detail::checkpointed<Hybrid<1024, 2>::engine<transport_archetype<>>>,
+              "Hybrid<t, g>::engine must meet gflow::detail::topology_engine and be checkpointed (detail/concepts.hpp)");
 
 }  // namespace gflow

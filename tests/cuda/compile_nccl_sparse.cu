@@ -1,0 +1,33 @@
+// Compile check (issue 12): the sparse schemes on gflow::nccl::transport with an fp16 wire, every
+// member of each exchanger instantiated. Built (not run) wherever nvcc and NCCL are found, so CI
+// without a GPU proves the device path compiles; tests/cuda/test_device_sparse.cu runs it.
+#include <gflow/cuda/exchanger.cuh>
+#include <gflow/transport/nccl.hpp>
+
+namespace gflow_compile {
+using T = gflow::nccl::transport;
+using fp16 = gflow::Precision<gflow::wire::fp16>;
+using topk_ex = gflow::Exchanger<gflow::Sparsifier<gflow::TopK<0.01>>, fp16>::on<T>;
+using gtopk_ex = gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.001>>, fp16>::on<T>;
+using csc_ex = gflow::Exchanger<gflow::Sparsifier<gflow::CSC<4096, 1>>, fp16>::on<T>;
+using gtopk_fused_ex = gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.001>>, fp16, gflow::Fusion<(1 << 20)>>::on<T>;
+}  // namespace gflow_compile
+
+template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::topk_ex::policies>;
+template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::gtopk_ex::policies>;
+template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::csc_ex::policies>;
+template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::gtopk_fused_ex::policies>;
+
+// The engines themselves, every member (the exchanger instantiates only what it calls).
+namespace gflow_compile {
+using ctx = gflow::detail::exchange_context<T, gflow::detail::device_backend, gflow::half, gflow::Ring::engine<T>>;
+using ctx32 = gflow::detail::exchange_context<T, gflow::detail::device_backend, float, gflow::Ring::engine<T>>;
+}  // namespace gflow_compile
+template class gflow::detail::topk_engine<gflow_compile::ctx, 0.01, false>;
+template class gflow::detail::topk_engine<gflow_compile::ctx, 0.001, true>;
+template class gflow::detail::topk_engine<gflow_compile::ctx32, 0.001, true>;
+template class gflow::CSC<4096, 1>::engine<gflow_compile::ctx>;
+template class gflow::CSC<4096, 1>::engine<gflow_compile::ctx32>;
+static_assert(gflow::detail::sparsifier_engine<gflow::CSC<4096, 1>::engine<gflow_compile::ctx>, gflow_compile::ctx>);
+static_assert(gflow::detail::sparsifier_engine<gflow::detail::topk_engine<gflow_compile::ctx, 0.01, false>, gflow_compile::ctx>);
+static_assert(gflow::detail::backend_for_transport<gflow::detail::device_backend, gflow_compile::T>);
