@@ -115,6 +115,16 @@ class session {
   std::unique_ptr<impl> p_;
 };
 
+/// Rank `rank`'s training samples: a global shuffle from o.seed (the same on every rank), every
+/// ranks-th sample, cut to equal shards so every rank runs the same number of iterations.
+/// invalid_argument when a rank would get no sample or less than one batch.
+std::vector<std::uint32_t> shard_for(const options& o, std::size_t n, int ranks, int rank);
+/// Sums v[0, n) over the ranks (the trainer's statistics); transport_error on failure.
+void sum_over_ranks(double* v, int n, MPI_Comm comm);
+/// Setup (options, data, model) may fail on some ranks only: agree before any collective of the
+/// training loop. The lowest failing rank prints its error; false when any rank failed.
+bool agree_setup(gflow::mpi::transport& comm, const std::string& err, const char* name);
+
 /// MPI setup, option parsing, errors -> messages and exit codes, then `body` (the loop).
 int run_main(int argc, char** argv, const char* name, const std::function<void(session&)>& body);
 /// The elastic-averaging experiment (no gradient exchanger): whole program.
