@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -196,27 +197,16 @@ class cnn_session {
   }
 
   int finish() {
-    const std::size_t n = losses_.size();
-    const std::size_t k = std::max<std::size_t>(1, n / 10);
-    double v[2] = {0, 0};
-    for (std::size_t i = 0; i < k && i < n; ++i) {
-      v[0] += losses_[i];
-      v[1] += losses_[n - 1 - i];
-    }
-    sum_over_ranks(v, 2, comm_.comm());
-    const double P = comm_.size();
-    const double first = v[0] / (static_cast<double>(k) * P), last = v[1] / (static_cast<double>(k) * P);
-    const bool ok = o_.check_acc < 0 || (final_acc_ >= o_.check_acc && last < first);
-    if (comm_.rank() == 0) {
-      std::printf("RESULT name=%s ranks=%d epochs=%d batch=%zu test_acc=%.2f ms_per_iter=%.3f bytes_per_iter=%.0f bytes_mean=%.0f loss_first=%.4f "
-                  "loss_last=%.4f skipped=%zu backward_ms=%.3f first_hook_ms=%.3f wait_ms=%.3f%s\n",
-                  name_, comm_.size(), o_.epochs, o_.batch, final_acc_, 1e3 * total_seconds_ / std::max(1.0, total_iters_), last_bytes_,
-                  total_bytes_ / std::max(1.0, total_iters_), first, last, skipped_, backward_ms_, first_hook_ms_, wait_ms_, probe_line_.c_str());
-      if (!ok)
-        std::printf("CHECK FAILED: final test accuracy %.2f%% (floor %.2f%%), training loss %.4f -> %.4f (must fall)\n", final_acc_, o_.check_acc, first, last);
-      std::fflush(stdout);
-    }
-    return ok ? 0 : 3;
+    run_totals t;
+    t.final_acc = final_acc_;
+    t.seconds = total_seconds_;
+    t.iterations = total_iters_;
+    t.bytes = total_bytes_;
+    t.last_bytes = last_bytes_;
+    t.skipped = skipped_;
+    char extra[128];
+    std::snprintf(extra, sizeof extra, " backward_ms=%.3f first_hook_ms=%.3f wait_ms=%.3f", backward_ms_, first_hook_ms_, wait_ms_);
+    return report_result(comm_, o_, name_, t, losses_, extra + probe_line_);
   }
 
  private:
@@ -386,49 +376,29 @@ class cnn_session {
 }  // namespace
 
 int run(int argc, char** argv, const char* name, const port_factory& make_port) {
-  std::optional<gflow::mpi::environment> env;
-  try {
-    env.emplace(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", name, e.what());
-    return 2;
-  }
-  // Several ranks share the machine's cores: one intra-op thread each.
-  torch::set_num_threads(1);
-  gflow::mpi::transport comm;
-  const int rank = comm.rank();
-  std::optional<cnn_session> s;
-  std::string err;
-  try {
+  return run_frame(argc, argv, name, [&](gflow::mpi::transport& comm) -> std::function<int()> {
+    torch::set_num_threads(1);  // several ranks share the machine's cores: one intra-op thread each
     std::size_t probe = 0;
     const std::vector<const char*> rest = take_probe(argc, argv, probe);
     const options o = parse_cli(static_cast<int>(rest.size()), rest.data());
     if (o.help) {
-      if (rank == 0)
+      if (comm.rank() == 0)
         std::printf("%s  --probe N              timing probe: N iterations of compute alone and of exchange alone before training\n"
                     "                         (adds compute_alone_ms, exchange_alone_ms, overlapped_ms, hidden to the RESULT line)\n",
                     usage(name).c_str());
-      return 0;
+      return {};
     }
-    s.emplace(o, comm, name, make_port, probe);
-  } catch (const std::exception& e) {
-    err = e.what();
-  }
-  if (!agree_setup(comm, err, name)) return 2;
-  try {
-    if (rank == 0) {
-      std::printf("[%s] libtorch CNN, %d ranks, batch %zu per rank, %zu iterations per epoch, lr %g, momentum %g\n", name, comm.size(),
-                  s->opts().batch, s->iterations_per_epoch(), static_cast<double>(s->opts().lr), static_cast<double>(s->opts().momentum));
-      std::fflush(stdout);
-    }
-    s->train();
-    return s->finish();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s (rank %d): %s\n", name, rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-    return 2;
-  }
+    auto s = std::make_shared<cnn_session>(o, comm, name, make_port, probe);
+    return [s, name, &comm] {
+      if (comm.rank() == 0) {
+        std::printf("[%s] libtorch CNN, %d ranks, batch %zu per rank, %zu iterations per epoch, lr %g, momentum %g\n", name, comm.size(),
+                    s->opts().batch, s->iterations_per_epoch(), static_cast<double>(s->opts().lr), static_cast<double>(s->opts().momentum));
+        std::fflush(stdout);
+      }
+      s->train();
+      return s->finish();
+    };
+  });
 }
 
 }  // namespace trainer::torch_cnn
