@@ -181,14 +181,8 @@ class cnn_session {
         ++tm.n;
         st.loss_sum += loss;
         losses_.push_back(loss);
-        st.wire_bytes += static_cast<double>(status.wire_bytes);
-        st.collectives += static_cast<double>(status.collectives);
-        const float inv = scaler.inverse();  // the scale these gradients were made with
-        if (!scaler.update(status.finite())) {
-          ++st.skipped;  // every rank saw the same status: every rank skips
-          continue;
-        }
-        step(inv);
+        const float inv = account_step(st, status, scaler);
+        if (inv != 0.0f) step(inv);  // 0: non-finite, skipped on every rank
       }
       st.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
       st.iterations = ipe_;

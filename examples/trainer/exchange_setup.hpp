@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <gflow/error.hpp>
+#include <gflow/exchanger.hpp>
 #include <gflow/optim/loss_scale.hpp>
 #include <gflow/plan/density.hpp>
 
@@ -78,6 +79,20 @@ gflow::optim::loss_scale_options loss_scale_for(const options& o) {
   lso.max_scale = std::max(lso.max_scale, lso.initial);
   lso.min_scale = std::min(lso.min_scale, lso.initial);
   return lso;
+}
+
+/// After finish(): adds the iteration's bytes and collectives to `st` and updates the loss
+/// scale. Returns the inverse of the scale the gradients were made with, or 0 when the step is
+/// skipped (non-finite gradients: every rank saw the same status, so every rank skips).
+inline float account_step(epoch_stats& st, const gflow::exchange_status& status, gflow::optim::dynamic_loss_scale& scaler) {
+  st.wire_bytes += static_cast<double>(status.wire_bytes);
+  st.collectives += static_cast<double>(status.collectives);
+  const float inv = scaler.inverse();
+  if (!scaler.update(status.finite())) {
+    ++st.skipped;
+    return 0.0f;
+  }
+  return inv;
 }
 
 }  // namespace trainer

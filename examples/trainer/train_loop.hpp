@@ -49,13 +49,8 @@ void train(session& s) {
     for (std::size_t it = 0; it < s.iterations_per_epoch(); ++it) {
       st.loss_sum += s.train_batch(epoch, it, w, sink, scaler.scale());
       const gflow::exchange_status status = ex.finish();  // averaged gradients in the pool
-      st.wire_bytes += static_cast<double>(status.wire_bytes);
-      st.collectives += static_cast<double>(status.collectives);
-      const float inv = scaler.inverse();  // the scale these gradients were made with
-      if (!scaler.update(status.finite())) {
-        ++st.skipped;  // every rank saw the same status: every rank skips
-        continue;
-      }
+      const float inv = account_step(st, status, scaler);
+      if (inv == 0.0f) continue;  // non-finite: skipped on every rank
       s.prepare_gradients(g, inv);
       if constexpr (is_csc) opt.step(w, g, ex.sparsifier().selected_chunks(), ex.sparsifier().chunk_elems());
       else opt.step_all(w, g);
