@@ -36,7 +36,11 @@ def load(d):
             rows = list(csv.DictReader(f))
         if rows:
             runs.setdefault(m.group(1), {})[int(m.group(2))] = [float(r["test_acc"]) for r in rows]
+            BYTES.setdefault(m.group(1), {})[int(m.group(2))] = float(rows[-1]["bytes_per_iter"])
     return runs
+
+
+BYTES = {}  # name -> {seed: bytes per iteration per rank in the run's last epoch}
 
 
 def sd(xs):
@@ -52,13 +56,14 @@ def main():
     names = [n for n in ORDER if n in runs] + sorted(n for n in runs if n not in ORDER)
     dense = runs.get("torch_dense", {})
     epochs = max((len(v) for r in runs.values() for v in r.values()), default=0)
-    print(f"| composition | seeds | final test acc (mean ± sd) | diff to dense, unpaired | diff to dense, paired by seed | target | verdict |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| composition | seeds | KiB/iter/rank (last epoch) | final test acc (mean ± sd) | diff to dense, unpaired | diff to dense, paired by seed | target | verdict |")
+    print("|---|---|---:|---:|---:|---:|---|---|")
     diffs = {}
     for n in names:
         finals = {s: v[-1] for s, v in runs[n].items() if len(v) == epochs}
         xs = list(finals.values())
-        line = f"| {n} | {len(xs)} ({', '.join(str(s) for s in sorted(finals))}) | {statistics.mean(xs):.2f} ± {sd(xs):.2f} |"
+        kib = statistics.mean(BYTES[n][s] for s in finals) / 1024
+        line = f"| {n} | {len(xs)} ({', '.join(str(s) for s in sorted(finals))}) | {kib:.1f} | {statistics.mean(xs):.2f} ± {sd(xs):.2f} |"
         if n == "torch_dense" or not dense:
             print(line + " | | | |")
             continue
