@@ -99,14 +99,15 @@ def main():
             m = [statistics.mean(c[e] for c in curves) for e in range(epochs)]
             s = [sd([c[e] for c in curves]) if len(curves) > 1 else 0 for e in range(epochs)]
             ax1.errorbar(range(1, epochs + 1), m, yerr=s, capsize=3, marker="o", label=f"{n} (n={len(curves)})")
-        ax1.set_xlabel("epoch")
+        ax1.set_xticks(range(1, epochs + 1))
+        ax1.set_xlabel("epoch (dense is under funneled: the same curve)")
         ax1.set_ylabel("test accuracy (%), mean ± sd over seeds")
         ax1.set_title("libtorch CNN, Fashion-MNIST, 4 ranks")
         ax1.grid(alpha=0.3)
         ax1.legend(fontsize=8)
         ks = list(diffs)
         ax2.errorbar(range(len(ks)), [diffs[k][0] for k in ks], yerr=[diffs[k][1] for k in ks], fmt="o", capsize=4, color="C3",
-                     label="final acc - dense (paired by seed), ± its uncertainty")
+                     label="final acc - dense (paired by seed), ± 1 standard error")
         for i, k in enumerate(ks):
             if diffs[k][2] is not None:
                 ax2.hlines(-diffs[k][2], i - 0.3, i + 0.3, colors="k", linestyles="--")
