@@ -22,17 +22,18 @@ function(gflow_add_experiment name)
     set(X_MODE sgd)
   endif()
   set(lib gflow_trainer)
-  if(X_MODE STREQUAL "torch")
+  if(X_MODE STREQUAL "sgd" OR X_MODE STREQUAL "torch")
+    set(header train_loop.hpp)
+    set(entry trainer::main_for)
+    if(X_MODE STREQUAL "torch")
+      set(header torch_trainer.hpp)
+      set(entry trainer::torch_cnn::main_for)
+      set(lib gflow_torch_trainer)
+    endif()
     list(JOIN X_POLICIES ",\n                                    " policies)
-    string(CONCAT body "#include \"torch_trainer.hpp\"\n\n"
+    string(CONCAT body "#include \"${header}\"\n\n"
              "using Exchange = gflow::Exchanger<${policies}>;\n\n"
-             "int main(int argc, char** argv) { return trainer::torch_cnn::main_for<Exchange>(argc, argv, \"${name}\"); }\n")
-    set(lib gflow_torch_trainer)
-  elseif(X_MODE STREQUAL "sgd")
-    list(JOIN X_POLICIES ",\n                                    " policies)
-    string(CONCAT body "#include \"train_loop.hpp\"\n\n"
-             "using Exchange = gflow::Exchanger<${policies}>;\n\n"
-             "int main(int argc, char** argv) { return trainer::main_for<Exchange>(argc, argv, \"${name}\"); }\n")
+             "int main(int argc, char** argv) { return ${entry}<Exchange>(argc, argv, \"${name}\"); }\n")
   elseif(X_MODE STREQUAL "easgd")
     if(X_POLICIES)
       message(FATAL_ERROR "gflow_add_experiment(${name}): MODE easgd exchanges weights through gflow::elastic_averager and "
