@@ -30,9 +30,10 @@ double ms_since(clock_type::time_point t0, clock_type::time_point t1) { return s
 constexpr float pixel_mean = 0.2860f, pixel_std = 0.3530f;
 
 // Two conv blocks (3x3 conv without bias, batch norm, ReLU, 2x2 max-pool: 28 -> 14 -> 7) and a
-// two-layer classifier. 16 and 32 channels are the smallest widths that pass 90% on
-// Fashion-MNIST within 2-3 epochs here; the 128-wide hidden layer holds most of the weights,
-// so the exchange is large enough (~0.8 MB per iteration) for overlap to matter.
+// two-layer classifier. Batch norm lets plain momentum SGD pass 90% in 3 epochs (90.3-90.8% over
+// seeds 1-3 at 4 ranks); 16 and 32 channels keep a 3-seed study of six compositions within an
+// hour on 2 cores; the 128-wide hidden layer holds 97% of the weights (~0.8 MB of gradients per
+// iteration), so the exchange is not negligible next to backward.
 struct NetImpl : torch::nn::Module {
   torch::nn::Conv2d conv1{torch::nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)};
   torch::nn::BatchNorm2d bn1{16};
