@@ -223,6 +223,13 @@ class cnn_session {
       throw gflow::usage_error("backward", std::to_string(hooks_seen_) + " of " + std::to_string(params_.size()) +
                                                " gradient hooks fired; gflow would wait for the others forever.",
                                "every parameter must take part in the loss (no unused layers).");
+    // Zero copy holds only while autograd accumulates in place; had it replaced a .grad (e.g.
+    // under create_graph), the exchange would have averaged zeros and the step used local grads.
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].grad().data_ptr<float>() != port_->view(i).data())
+        throw gflow::usage_error("backward", "autograd replaced the gradient tensor of parameter " + std::to_string(i) +
+                                                 " instead of accumulating into gflow's pool.",
+                                 "call backward() without create_graph, and do not assign .grad between iterations.");
     return loss.item<float>();
   }
 
