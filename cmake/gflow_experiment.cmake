@@ -1,4 +1,4 @@
-# gflow_add_experiment(<name> [POLICIES <policy>...] [MODE sgd|easgd] [EXCLUDE_FROM_ALL])
+# gflow_add_experiment(<name> [POLICIES <policy>...] [MODE sgd|easgd|torch] [EXCLUDE_FROM_ALL])
 #
 # One trainer binary per policy composition, with no run-time dispatch: generates
 #     <build>/experiments/<name>.cpp:
@@ -6,7 +6,8 @@
 #         int main(argc, argv) { return trainer::main_for<Exchange>(argc, argv, "<name>"); }
 # and links it against gflow_trainer, the static library holding everything that does not
 # depend on the composition (data, model, evaluation, options), compiled once. MODE easgd
-# builds the elastic-averaging trainer instead (weights exchanged, no policies). Every
+# builds the elastic-averaging trainer instead (weights exchanged, no policies); MODE torch the
+# libtorch CNN trainer (examples/torch: links gflow_torch_trainer, the main includes no torch). Every
 # experiment is added to the `experiments` target (create it before calling this function).
 #
 #   gflow_add_experiment(train_topk POLICIES "gflow::Sparsifier<gflow::TopK<0.01>>" EXCLUDE_FROM_ALL)
@@ -15,16 +16,24 @@ function(gflow_add_experiment name)
   cmake_parse_arguments(PARSE_ARGV 1 X "EXCLUDE_FROM_ALL" "MODE" "POLICIES")
   if(X_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "gflow_add_experiment(${name}): unknown arguments '${X_UNPARSED_ARGUMENTS}'. "
-                        "Use POLICIES <C++ policy>..., MODE sgd|easgd, EXCLUDE_FROM_ALL.")
+                        "Use POLICIES <C++ policy>..., MODE sgd|easgd|torch, EXCLUDE_FROM_ALL.")
   endif()
   if(NOT X_MODE)
     set(X_MODE sgd)
   endif()
-  if(X_MODE STREQUAL "sgd")
+  set(lib gflow_trainer)
+  if(X_MODE STREQUAL "sgd" OR X_MODE STREQUAL "torch")
+    set(header train_loop.hpp)
+    set(entry trainer::main_for)
+    if(X_MODE STREQUAL "torch")
+      set(header torch_trainer.hpp)
+      set(entry trainer::torch_cnn::main_for)
+      set(lib gflow_torch_trainer)
+    endif()
     list(JOIN X_POLICIES ",\n                                    " policies)
-    string(CONCAT body "#include \"train_loop.hpp\"\n\n"
+    string(CONCAT body "#include \"${header}\"\n\n"
              "using Exchange = gflow::Exchanger<${policies}>;\n\n"
-             "int main(int argc, char** argv) { return trainer::main_for<Exchange>(argc, argv, \"${name}\"); }\n")
+             "int main(int argc, char** argv) { return ${entry}<Exchange>(argc, argv, \"${name}\"); }\n")
   elseif(X_MODE STREQUAL "easgd")
     if(X_POLICIES)
       message(FATAL_ERROR "gflow_add_experiment(${name}): MODE easgd exchanges weights through gflow::elastic_averager and "
@@ -33,7 +42,7 @@ function(gflow_add_experiment name)
     string(CONCAT body "#include \"trainer.hpp\"\n\n"
              "int main(int argc, char** argv) { return trainer::main_easgd(argc, argv, \"${name}\"); }\n")
   else()
-    message(FATAL_ERROR "gflow_add_experiment(${name}): MODE '${X_MODE}' is not sgd or easgd.")
+    message(FATAL_ERROR "gflow_add_experiment(${name}): MODE '${X_MODE}' is not sgd, easgd or torch.")
   endif()
   set(src ${CMAKE_CURRENT_BINARY_DIR}/experiments/${name}.cpp)
   # Written at configure time and only when it changes, so a re-configure rebuilds nothing.
@@ -43,7 +52,7 @@ function(gflow_add_experiment name)
   else()
     add_executable(${name} ${src})
   endif()
-  target_link_libraries(${name} PRIVATE gflow_trainer)
+  target_link_libraries(${name} PRIVATE ${lib})
   target_compile_options(${name} PRIVATE -Wall -Wextra -Wpedantic -Wno-restrict)
   if(TARGET experiments)
     add_dependencies(experiments ${name})

@@ -7,17 +7,20 @@
 #   bash scripts/demo.sh                 # 2 epochs: dense fp32, fp16 wire, CSC, TopK, elastic averaging
 #   bash scripts/demo.sh --epochs 5      # longer
 #   bash scripts/demo.sh --full          # every composition of the convergence study, 10 epochs
+#   bash scripts/demo.sh --torch         # the libtorch CNN (examples/torch) instead of the MLP, 3 epochs
 #   bash scripts/demo.sh --bench [...]   # the exchange benchmark instead (bench/run exchange, ResNet-50)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 epochs=2
 full=0
+torch=0
 while (($#)); do
   case "$1" in
     --bench) shift; bash "$root/scripts/install-deps.sh"; exec "$root/bench/run" exchange --layout resnet50 --ranks 4 --quick "$@" ;;
     --full) full=1; epochs=10; shift ;;
+    --torch) torch=1; epochs=3; shift ;;
     --epochs) epochs="${2:-}"; shift 2 ;;
-    *) echo "demo.sh: unknown option '$1' (use --epochs N, --full or --bench)" >&2; exit 2 ;;
+    *) echo "demo.sh: unknown option '$1' (use --epochs N, --full, --torch or --bench)" >&2; exit 2 ;;
   esac
 done
 if ! [[ "$epochs" =~ ^[1-9][0-9]*$ ]]; then echo "demo.sh: --epochs needs a positive integer, got '$epochs'" >&2; exit 2; fi
@@ -27,6 +30,10 @@ build="${GFLOW_DEMO_BUILD:-$root/build-demo}"
 runs=(train_dense train_fp16 train_csc train_topk train_easgd)
 if ((full)); then
   runs=(train_dense train_fp16 train_bf16 train_csc train_topk train_gtopk train_hier train_funneled train_concurrent train_chained train_easgd)
+fi
+if ((torch)); then
+  runs=(torch_dense torch_fp16 torch_csc torch_topk torch_funneled)
+  ((full)) && runs=(torch_dense torch_fp16 torch_csc torch_topk torch_gtopk torch_funneled)
 fi
 echo "demo: building ${runs[*]} in $build" >&2
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_BUILD_TESTS=OFF -DGFLOW_BUILD_BENCH=OFF >/dev/null
@@ -53,11 +60,14 @@ printf '%s\n' "${results[@]}" | awk '
     desc["train_hier"] = "Hierarchical<2>"; desc["train_funneled"] = "Overlap<Funneled>"
     desc["train_concurrent"] = "Overlap<Concurrent<2>>"; desc["train_chained"] = "Overlap<Chained>"
     desc["train_easgd"] = "sync elastic averaging (weights)"
+    desc["torch_dense"] = "CNN dense fp32"; desc["torch_fp16"] = "CNN fp16 wire + dynamic loss scale"
+    desc["torch_csc"] = "CNN CSC 15% of 4096-elem chunks"; desc["torch_topk"] = "CNN TopK density 0.01"
+    desc["torch_gtopk"] = "CNN GTopK density 0.01"; desc["torch_funneled"] = "CNN Overlap<Funneled>"
     printf "\n%-34s %9s %11s %16s %9s\n", "composition (4 ranks)", "test acc", "ms / iter", "KiB / iter / rank", "vs dense"
     printf "%-34s %9s %11s %16s %9s\n", "----------------------------------", "--------", "---------", "----------------", "--------"
   }
   {
-    n = get("name"); b = get("bytes_per_iter"); if (n == "train_dense") dense = b
+    n = get("name"); b = get("bytes_per_iter"); if (n == "train_dense" || n == "torch_dense") dense = b
     d = (n in desc) ? desc[n] : n
     rel = (dense > 0) ? sprintf("%.3fx", b / dense) : "-"
     printf "%-34s %8.2f%% %11.2f %16.1f %9s\n", d, get("test_acc"), get("ms_per_iter"), b / 1024, rel

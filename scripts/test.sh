@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test on a fresh machine: install what is needed, then
 #   1. a Release build of everything (CUDA targets compile when nvcc is present; they run only
-#      where a GPU is, and report "skipped" elsewhere) and the whole ctest suite;
+#      where a GPU is, and report "skipped" elsewhere) and the whole ctest suite, the libtorch CNN
+#      trainer's short trainings included (torch_*; "skipped" where libtorch-dev is missing);
 #   2. the host and MPI tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
 #   3. the libFuzzer targets (Clang): their kept corpora, then a short fuzz run of each;
 #   4. the threaded parts (in-process transport, exchanger on thread ranks) under ThreadSanitizer.

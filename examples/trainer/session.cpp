@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -57,12 +58,41 @@ double softmax_xent(Mat& z, const std::uint8_t* y, std::size_t* correct) {
   return loss;
 }
 
-void mpi_sum(double* v, int n, MPI_Comm comm) {
+}  // namespace
+
+void sum_over_ranks(double* v, int n, MPI_Comm comm) {
   if (const int rc = MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, comm); rc != MPI_SUCCESS)
     throw gflow::transport_error("MPI_Allreduce", "the trainer's statistics allreduce failed (MPI error " + std::to_string(rc) + ").",
                                  "check the MPI installation; every rank must run the same binary with the same options.");
 }
-}  // namespace
+std::vector<std::uint32_t> shard_for(const options& o, std::size_t n, int ranks, int rank) {
+  const std::size_t P = static_cast<std::size_t>(ranks);
+  if (P > n)
+    throw gflow::invalid_argument("ranks", std::to_string(P) + " ranks but only " + std::to_string(n) + " training samples: some ranks would get none.",
+                                  "run with at most " + std::to_string(n) + " ranks (mpiexec -n), or raise --train-limit.");
+  if (n / P < o.batch)
+    throw gflow::invalid_argument("--batch", "each rank's shard holds " + std::to_string(n / P) + " samples, fewer than one batch of " +
+                                                 std::to_string(o.batch) + ".",
+                                  "pass --batch " + std::to_string(n / P) + " or less, use fewer ranks, or raise --train-limit.");
+  // Shards: a fixed global shuffle (same seed on every rank), rank r takes every P-th sample.
+  std::vector<std::uint32_t> all(n);
+  std::iota(all.begin(), all.end(), 0u);
+  std::mt19937_64 g(o.seed);
+  std::shuffle(all.begin(), all.end(), g);
+  const std::size_t r = static_cast<std::size_t>(rank);
+  std::vector<std::uint32_t> shard;
+  for (std::size_t i = r; i < n; i += P) shard.push_back(all[i]);
+  shard.resize(n / P);  // equal shards: every rank runs the same number of iterations
+  return shard;
+}
+
+bool agree_setup(gflow::mpi::transport& comm, const std::string& err, const char* name) {
+  const int P = comm.size();
+  int first_failed = err.empty() ? P : comm.rank();
+  MPI_Allreduce(MPI_IN_PLACE, &first_failed, 1, MPI_INT, MPI_MIN, comm.comm());
+  if (first_failed < P && comm.rank() == first_failed) std::fprintf(stderr, "%s: %s\n", name, err.c_str());
+  return first_failed == P;
+}
 
 gflow::Layout mlp_layout() {
   return gflow::Layout({{"fc1.weight", {h1, in_dim}, h1 * in_dim},
@@ -107,23 +137,7 @@ session::session(const options& o, gflow::mpi::transport& comm, std::string name
   s.comm = &comm;
   s.name = std::move(name);
   s.data = load_fashion_mnist(o.data_dir, o.train_limit);
-  const std::size_t P = static_cast<std::size_t>(comm.size());
-  const std::size_t n = s.data.train_images.count;
-  if (P > n)
-    throw gflow::invalid_argument("ranks", std::to_string(P) + " ranks but only " + std::to_string(n) + " training samples: some ranks would get none.",
-                                  "run with at most " + std::to_string(n) + " ranks (mpiexec -n), or raise --train-limit.");
-  if (n / P < o.batch)
-    throw gflow::invalid_argument("--batch", "each rank's shard holds " + std::to_string(n / P) + " samples, fewer than one batch of " +
-                                                 std::to_string(o.batch) + ".",
-                                  "pass --batch " + std::to_string(n / P) + " or less, use fewer ranks, or raise --train-limit.");
-  // Shards: a fixed global shuffle (same seed on every rank), rank r takes every P-th sample.
-  std::vector<std::uint32_t> all(n);
-  std::iota(all.begin(), all.end(), 0u);
-  std::mt19937_64 g(o.seed);
-  std::shuffle(all.begin(), all.end(), g);
-  const std::size_t r = static_cast<std::size_t>(comm.rank());
-  for (std::size_t i = r; i < n; i += P) s.shard.push_back(all[i]);
-  s.shard.resize(n / P);  // equal shards: every rank runs the same number of iterations
+  s.shard = shard_for(o, s.data.train_images.count, comm.size(), comm.rank());
   s.ipe = s.shard.size() / o.batch;
 
   // Parameters in pool order; He initialisation from the seed, identical on every rank.
@@ -258,7 +272,7 @@ void session::end_epoch(int epoch, std::span<const float> params, const epoch_st
     test_loss += softmax_xent(z3, s.data.test_labels.data() + b, &correct);
   }
   double v[7] = {st.loss_sum, static_cast<double>(st.iterations), static_cast<double>(correct), test_loss, st.seconds, st.wire_bytes, st.collectives};
-  mpi_sum(v, 7, s.comm->comm());
+  sum_over_ranks(v, 7, s.comm->comm());
   const double acc = 100.0 * v[2] / static_cast<double>(n);
   const double train_loss = v[0] / v[1];
   const double ms = 1e3 * v[4] / P / static_cast<double>(st.iterations);
@@ -284,30 +298,41 @@ void session::end_epoch(int epoch, std::span<const float> params, const epoch_st
 
 int session::finish() {
   impl& s = *p_;
+  run_totals t;
+  t.final_acc = s.final_acc;
+  t.seconds = s.total_seconds;
+  t.iterations = s.total_iters;
+  t.bytes = s.total_bytes;
+  t.last_bytes = s.last_bytes;
+  t.skipped = s.skipped;
+  return report_result(*s.comm, s.o, s.name, t, s.losses);
+}
+
+int report_result(gflow::mpi::transport& comm, const options& o, const std::string& name, const run_totals& t, std::span<const float> losses,
+                  const std::string& extra) {
   // Did the loss fall? Mean of the first and of the last tenth of the iterations (>= 1 each).
-  const std::size_t n = s.losses.size();
+  const std::size_t n = losses.size();
   const std::size_t k = std::max<std::size_t>(1, n / 10);
   double v[2] = {0, 0};
   for (std::size_t i = 0; i < k && i < n; ++i) {
-    v[0] += s.losses[i];
-    v[1] += s.losses[n - 1 - i];
+    v[0] += losses[i];
+    v[1] += losses[n - 1 - i];
   }
-  mpi_sum(v, 2, s.comm->comm());
-  const double first = v[0] / (static_cast<double>(k) * s.comm->size()), last = v[1] / (static_cast<double>(k) * s.comm->size());
-  const bool ok = s.o.check_acc < 0 || (s.final_acc >= s.o.check_acc && last < first);
-  if (s.comm->rank() == 0) {
-    std::printf("RESULT name=%s ranks=%d epochs=%d batch=%zu test_acc=%.2f ms_per_iter=%.3f bytes_per_iter=%.0f bytes_mean=%.0f loss_first=%.4f loss_last=%.4f skipped=%zu\n",
-                s.name.c_str(), s.comm->size(), s.o.epochs, s.o.batch, s.final_acc, 1e3 * s.total_seconds / std::max(1.0, s.total_iters),
-                s.last_bytes, s.total_bytes / std::max(1.0, s.total_iters), first, last, s.skipped);
+  sum_over_ranks(v, 2, comm.comm());
+  const double first = v[0] / (static_cast<double>(k) * comm.size()), last = v[1] / (static_cast<double>(k) * comm.size());
+  const bool ok = o.check_acc < 0 || (t.final_acc >= o.check_acc && last < first);
+  if (comm.rank() == 0) {
+    std::printf("RESULT name=%s ranks=%d epochs=%d batch=%zu test_acc=%.2f ms_per_iter=%.3f bytes_per_iter=%.0f bytes_mean=%.0f loss_first=%.4f loss_last=%.4f skipped=%zu%s\n",
+                name.c_str(), comm.size(), o.epochs, o.batch, t.final_acc, 1e3 * t.seconds / std::max(1.0, t.iterations), t.last_bytes,
+                t.bytes / std::max(1.0, t.iterations), first, last, t.skipped, extra.c_str());
     if (!ok)
-      std::printf("CHECK FAILED: final test accuracy %.2f%% (floor %.2f%%), training loss %.4f -> %.4f (must fall)\n", s.final_acc, s.o.check_acc,
-                  first, last);
+      std::printf("CHECK FAILED: final test accuracy %.2f%% (floor %.2f%%), training loss %.4f -> %.4f (must fall)\n", t.final_acc, o.check_acc, first, last);
     std::fflush(stdout);
   }
   return ok ? 0 : 3;
 }
 
-int run_main(int argc, char** argv, const char* name, const std::function<void(session&)>& body) {
+int run_frame(int argc, char** argv, const char* name, const std::function<std::function<int()>(gflow::mpi::transport&)>& setup) {
   std::optional<gflow::mpi::environment> env;
   try {
     env.emplace(argc, argv);
@@ -316,44 +341,47 @@ int run_main(int argc, char** argv, const char* name, const std::function<void(s
     return 2;
   }
   gflow::mpi::transport comm;
-  const int rank = comm.rank(), P = comm.size();
-  // Setup (options, data, shards) may fail on some ranks only: agree before any collective of
-  // the training loop, and let the lowest failing rank print its error.
-  std::optional<session> s;
+  std::function<int()> body;
   std::string err;
   try {
-    const options o = parse_cli(argc, argv);
-    if (o.help) {
-      if (rank == 0) std::fputs(usage(name).c_str(), stdout);
-      return 0;
-    }
-    s.emplace(o, comm, name);
+    body = setup(comm);
+    if (!body) return 0;  // --help
   } catch (const std::exception& e) {
     err = e.what();
   }
-  int first_failed = err.empty() ? P : rank;
-  MPI_Allreduce(MPI_IN_PLACE, &first_failed, 1, MPI_INT, MPI_MIN, comm.comm());
-  if (first_failed < P) {
-    if (rank == first_failed) std::fprintf(stderr, "%s: %s\n", name, err.c_str());
-    return 2;
-  }
+  if (!agree_setup(comm, err, name)) return 2;
   try {
-    if (rank == 0) {
-      std::printf("[%s] %d ranks, %zu training samples per epoch (%zu per rank), batch %zu per rank, %zu iterations per epoch, lr %g, momentum %g%s\n", name, P,
-                  s->iterations_per_epoch() * s->opts().batch * static_cast<std::size_t>(P), s->iterations_per_epoch() * s->opts().batch,
-                  s->opts().batch, s->iterations_per_epoch(), static_cast<double>(s->opts().lr), static_cast<double>(s->opts().momentum),
-                  s->opts().lars > 0 ? ", LARS" : "");
-      std::fflush(stdout);
-    }
-    body(*s);
-    return s->finish();
+    return body();
   } catch (const std::exception& e) {
     // A failure inside the loop may leave other ranks waiting in a collective: abort them all.
-    std::fprintf(stderr, "%s (rank %d): %s\n", name, rank, e.what());
+    std::fprintf(stderr, "%s (rank %d): %s\n", name, comm.rank(), e.what());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 2);
     return 2;
   }
+}
+
+int run_main(int argc, char** argv, const char* name, const std::function<void(session&)>& body) {
+  return run_frame(argc, argv, name, [&](gflow::mpi::transport& comm) -> std::function<int()> {
+    const options o = parse_cli(argc, argv);
+    if (o.help) {
+      if (comm.rank() == 0) std::fputs(usage(name).c_str(), stdout);
+      return {};
+    }
+    auto s = std::make_shared<session>(o, comm, name);
+    return [s, &body, name, &comm] {
+      const int P = comm.size();
+      if (comm.rank() == 0) {
+        std::printf("[%s] %d ranks, %zu training samples per epoch (%zu per rank), batch %zu per rank, %zu iterations per epoch, lr %g, momentum %g%s\n", name, P,
+                    s->iterations_per_epoch() * s->opts().batch * static_cast<std::size_t>(P), s->iterations_per_epoch() * s->opts().batch,
+                    s->opts().batch, s->iterations_per_epoch(), static_cast<double>(s->opts().lr), static_cast<double>(s->opts().momentum),
+                    s->opts().lars > 0 ? ", LARS" : "");
+        std::fflush(stdout);
+      }
+      body(*s);
+      return s->finish();
+    };
+  });
 }
 
 }  // namespace trainer

@@ -18,6 +18,7 @@
 #include <gflow/policies/topk.hpp>
 #include <gflow/transport/mpi.hpp>
 
+#include "exchange_setup.hpp"
 #include "trainer.hpp"
 
 namespace trainer {
@@ -25,10 +26,7 @@ namespace trainer {
 template <class Exchange>
 void train(session& s) {
   using exchanger_t = typename Exchange::template on<gflow::mpi::transport>;
-  using sparsifier_t = std::remove_cvref_t<decltype(std::declval<exchanger_t&>().sparsifier())>;
-  constexpr bool is_csc = requires(sparsifier_t& e) { e.selected_chunks(); e.set_warmup(1, 1); };
-  constexpr bool is_topk = requires(sparsifier_t& e) { e.set_schedule(gflow::plan::density_schedule::constant(1.0)); };
-  constexpr bool wide_wire = std::is_same_v<typename exchanger_t::wire_type, float>;
+  constexpr bool is_csc = composition_traits<exchanger_t>::is_csc;
   const options& o = s.opts();
 
   exchanger_t ex(s.comm(), s.layout());
@@ -38,50 +36,8 @@ void train(session& s) {
       throw gflow::usage_error("pool", "the exchanger's pool order differs from the model's parameter layout.",
                                "build the model's parameter buffer with gflow::plan::plan_pool(layout).");
 
-  const std::uint64_t warmup = o.warmup_iters >= 0 ? static_cast<std::uint64_t>(o.warmup_iters) : s.iterations_per_epoch() / 2;
-  if constexpr (is_csc) {
-    ex.sparsifier().set_momentum(o.momentum);  // Algorithm 1's momentum correction
-    ex.sparsifier().set_warmup(warmup, warmup);  // dense, then a linear ramp as long again
-  }
-  if constexpr (is_topk) {
-    // Paper 003's warm-up densities compressed into `warmup` iterations, then the final density.
-    const double final_d = ex.sparsifier().density();
-    if (warmup >= 3) {
-      std::vector<gflow::plan::density_step> steps;
-      for (double d : {0.25, 0.0725, 0.015})
-        if (d > final_d) steps.push_back({(steps.size() + 1) * (warmup / 3), d});
-      ex.sparsifier().set_schedule(gflow::plan::density_schedule::per_iteration(steps, final_d));
-    }
-  }
-
-  // Residual-keeping sparsifiers hold gradients across iterations in the units they were fed:
-  // a scale that changes would mix units, so they accept only a constant scale.
-  constexpr bool keeps_residual = is_csc || is_topk;
-  gflow::optim::loss_scale_options lso;
-  lso.initial = 1.0f;
-  lso.dynamic = false;
-  switch (o.loss_scale) {
-    case loss_scale_mode::automatic:
-      if (!wide_wire && !keeps_residual) {
-        lso.initial = o.loss_scale_value;
-        lso.dynamic = true;
-      }
-      break;
-    case loss_scale_mode::none: break;
-    case loss_scale_mode::fixed: lso.initial = o.loss_scale_value; break;
-    case loss_scale_mode::dynamic:
-      if (keeps_residual)
-        throw gflow::invalid_argument("--loss-scale", "dynamic loss scaling with a sparsifier that keeps residuals (CSC, TopK, GTopK) "
-                                                      "would add gradients of different scales.",
-                                      "pass --loss-scale S (a constant scale, e.g. 1024) or --loss-scale none.");
-      lso.initial = o.loss_scale_value;
-      lso.dynamic = true;
-      break;
-  }
-  lso.growth_interval = o.loss_scale_window;
-  lso.max_scale = std::max(lso.max_scale, lso.initial);
-  lso.min_scale = std::min(lso.min_scale, lso.initial);
-  gflow::optim::dynamic_loss_scale scaler(lso);
+  configure_sparsifier(ex, o, s.iterations_per_epoch());
+  gflow::optim::dynamic_loss_scale scaler(loss_scale_for<exchanger_t>(o));
   gflow::optim::momentum_sgd opt(ex.pool_size(), o.lr, o.momentum);
 
   const grad_sink sink{[&](std::size_t i) { return ex.view(i); }, [&](std::size_t i) { ex.ready(i); }};
@@ -93,13 +49,8 @@ void train(session& s) {
     for (std::size_t it = 0; it < s.iterations_per_epoch(); ++it) {
       st.loss_sum += s.train_batch(epoch, it, w, sink, scaler.scale());
       const gflow::exchange_status status = ex.finish();  // averaged gradients in the pool
-      st.wire_bytes += static_cast<double>(status.wire_bytes);
-      st.collectives += static_cast<double>(status.collectives);
-      const float inv = scaler.inverse();  // the scale these gradients were made with
-      if (!scaler.update(status.finite())) {
-        ++st.skipped;  // every rank saw the same status: every rank skips
-        continue;
-      }
+      const float inv = account_step(st, status, scaler);
+      if (inv == 0.0f) continue;  // non-finite: skipped on every rank
       s.prepare_gradients(g, inv);
       if constexpr (is_csc) opt.step(w, g, ex.sparsifier().selected_chunks(), ex.sparsifier().chunk_elems());
       else opt.step_all(w, g);

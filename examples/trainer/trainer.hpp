@@ -115,6 +115,38 @@ class session {
   std::unique_ptr<impl> p_;
 };
 
+/// Rank `rank`'s training samples: a global shuffle from o.seed (the same on every rank), every
+/// ranks-th sample, cut to equal shards so every rank runs the same number of iterations.
+/// invalid_argument when a rank would get no sample or less than one batch.
+std::vector<std::uint32_t> shard_for(const options& o, std::size_t n, int ranks, int rank);
+/// Sums v[0, n) over the ranks (the trainer's statistics); transport_error on failure.
+void sum_over_ranks(double* v, int n, MPI_Comm comm);
+/// Setup (options, data, model) may fail on some ranks only: agree before any collective of the
+/// training loop. The lowest failing rank prints its error; false when any rank failed.
+bool agree_setup(gflow::mpi::transport& comm, const std::string& err, const char* name);
+
+/// What the RESULT line reports about a whole run (rank-averaged where it says so).
+struct run_totals {
+  double final_acc = 0;      // percent, last evaluation
+  double seconds = 0;        // training iterations only, mean over ranks
+  double iterations = 0;     // per rank
+  double bytes = 0;          // wire bytes per rank, summed over iterations
+  double last_bytes = 0;     // per iteration in the last epoch
+  std::size_t skipped = 0;   // non-finite steps
+};
+/// Ends a run: did the loss fall (mean of the first and of the last tenth of `losses`, this
+/// rank's per-iteration losses, averaged over the ranks), the RESULT line on rank 0 with `extra`
+/// (" key=value ...") appended, and CHECK FAILED when --check-acc is not met. Returns the exit code
+/// (3 when the check fails). A collective: every rank calls it.
+int report_result(gflow::mpi::transport& comm, const options& o, const std::string& name, const run_totals& t, std::span<const float> losses,
+                  const std::string& extra = "");
+
+/// The program frame: the MPI environment, then `setup` (options, data, model), which may fail
+/// on some ranks only: they agree before any collective and the lowest failing rank prints its
+/// error (exit 2). setup returns the body to run, or an empty function when it printed --help
+/// (exit 0). An exception inside the body aborts every rank (it may leave others in a collective).
+int run_frame(int argc, char** argv, const char* name, const std::function<std::function<int()>(gflow::mpi::transport&)>& setup);
+
 /// MPI setup, option parsing, errors -> messages and exit codes, then `body` (the loop).
 int run_main(int argc, char** argv, const char* name, const std::function<void(session&)>& body);
 /// The elastic-averaging experiment (no gradient exchanger): whole program.

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The libtorch CNN's convergence study (docs/CONVERGENCE.md, "CNN against seed noise"): every
+# composition trained with 4 MPI ranks, the same epochs, batch and learning rate, for each of
+# several seeds (initialisation and shuffling). Seed-major order, so an interrupted study still
+# has whole seeds. Per-run CSVs and logs in docs/results/torch/, then the summary table (mean,
+# standard deviation, difference to dense with its uncertainty) and docs/convergence_torch.png.
+#
+#   bash examples/torch/convergence.sh [--epochs N] [--seeds "1 2 3"] [--build DIR] [--only "torch_dense ..."]
+# Each run takes the CPU lock of /work/q.sh when that script exists (shared machine).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+epochs=3
+seeds="1 2 3"
+build="$root/build"
+runs=(torch_dense torch_fp16 torch_csc torch_topk torch_gtopk torch_funneled)
+while (($#)); do
+  case "$1" in
+    --epochs) epochs="$2"; shift 2 ;;
+    --seeds) seeds="$2"; shift 2 ;;
+    --build) build="$2"; shift 2 ;;
+    --only) read -r -a runs <<<"$2"; shift 2 ;;
+    *) echo "convergence.sh: unknown option '$1' (use --epochs N, --seeds \"1 2 3\", --build DIR, --only \"names\")" >&2; exit 2 ;;
+  esac
+done
+for r in "${runs[@]}"; do
+  [[ -x "$build/examples/$r" ]] || { echo "convergence.sh: $build/examples/$r is missing: cmake --build $build --target ${runs[*]}" >&2; exit 2; }
+done
+lock=()
+[[ -f /work/q.sh ]] && lock=(bash /work/q.sh build)
+export OMPI_MCA_rmaps_base_oversubscribe=1
+mpi_flags=(--bind-to none)
+if [[ "$(id -u)" == 0 ]]; then mpi_flags+=(--allow-run-as-root); fi
+out="$root/docs/results/torch"
+mkdir -p "$out"
+read -r -a seed_list <<<"$seeds"
+total=$((${#seed_list[@]} * ${#runs[@]}))
+k=0
+start=$SECONDS
+for s in "${seed_list[@]}"; do
+  for r in "${runs[@]}"; do
+    k=$((k + 1))
+    echo "convergence: [$k/$total] $r seed $s, 4 ranks, $epochs epochs (elapsed $((SECONDS - start)) s)" >&2
+    "${lock[@]}" mpiexec "${mpi_flags[@]}" -n 4 "$build/examples/$r" --epochs "$epochs" --seed "$s" --csv "$out/${r}_s$s.csv" >"$out/${r}_s$s.log"
+    grep RESULT "$out/${r}_s$s.log" >&2
+  done
+done
+echo "convergence: done in $((SECONDS - start)) s" >&2
+python3 "$root/examples/torch/convergence_table.py" "$out" -o "$root/docs/convergence_torch.png"

@@ -1,0 +1,87 @@
+#pragma once
+// The libtorch CNN trainer's composition-dependent half, free of <torch/torch.h>: each
+// experiment binary (gflow_add_experiment(... MODE torch)) is
+//     using Exchange = gflow::Exchanger<...>;
+//     int main(int argc, char** argv) { return trainer::torch_cnn::main_for<Exchange>(argc, argv, "name"); }
+// It wraps its exchanger in an exchange_port (a small virtual interface) and hands it to
+// run(), which lives in the static library gflow_torch_trainer, the only code that includes
+// libtorch: the model, autograd hooks, optimizers, data and evaluation are compiled once.
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+
+#include <gflow/exchanger.hpp>
+#include <gflow/layout.hpp>
+#include <gflow/optim/loss_scale.hpp>
+#include <gflow/policies/csc.hpp>
+#include <gflow/policies/topk.hpp>
+#include <gflow/transport/mpi.hpp>
+
+#include "exchange_setup.hpp"
+#include "trainer.hpp"
+
+namespace trainer::torch_cnn {
+
+/// One exchanger, type-erased: what the libtorch side needs of it.
+class exchange_port {
+ public:
+  virtual ~exchange_port() = default;
+  virtual std::span<float> view(std::size_t i) = 0;  // tensor i's slot in the pool (layout index)
+  virtual void ready(std::size_t i) = 0;             // from tensor i's gradient-accumulator hook
+  virtual gflow::exchange_status finish() = 0;
+  virtual std::span<float> pool() = 0;
+  virtual std::span<const std::size_t> offsets() const = 0;  // pool offset per tensor
+  virtual gflow::optim::loss_scale_options loss_scale() const = 0;
+  /// CSC only: the chunks exchanged this iteration (ascending) and the chunk size; the step
+  /// must then update those chunks only (Algorithm 1). Empty / 0 for every other composition.
+  virtual std::span<const std::uint32_t> selected_chunks() const { return {}; }
+  virtual std::size_t chunk_elems() const { return 0; }
+};
+
+/// Builds the port for the model's layout, once the session knows it.
+using port_factory = std::function<std::unique_ptr<exchange_port>(gflow::mpi::transport&, const gflow::Layout&, const options&,
+                                                                   std::size_t iterations_per_epoch)>;
+
+/// The whole program: MPI, options (the MLP trainer's flags plus --probe N), data, CNN, training.
+int run(int argc, char** argv, const char* name, const port_factory& make_port);
+
+template <class Exchange>
+class port final : public exchange_port {
+ public:
+  using exchanger_t = typename Exchange::template on<gflow::mpi::transport>;
+  using tr = composition_traits<exchanger_t>;
+
+  port(gflow::mpi::transport& comm, const gflow::Layout& layout, const options& o, std::size_t ipe)
+      : ex_(comm, layout), lso_(loss_scale_for<exchanger_t>(o)) {
+    configure_sparsifier(ex_, o, ipe);
+  }
+  std::span<float> view(std::size_t i) override { return ex_.view(i); }
+  void ready(std::size_t i) override { ex_.ready(i); }
+  gflow::exchange_status finish() override { return ex_.finish(); }
+  std::span<float> pool() override { return {ex_.pool_data(), ex_.pool_size()}; }
+  std::span<const std::size_t> offsets() const override { return ex_.pool_plan().offset; }
+  gflow::optim::loss_scale_options loss_scale() const override { return lso_; }
+  std::span<const std::uint32_t> selected_chunks() const override {
+    if constexpr (tr::is_csc) return ex_.sparsifier().selected_chunks();
+    else return {};
+  }
+  std::size_t chunk_elems() const override {
+    if constexpr (tr::is_csc) return ex_.sparsifier().chunk_elems();
+    else return 0;
+  }
+
+ private:
+  exchanger_t ex_;
+  gflow::optim::loss_scale_options lso_;
+};
+
+template <class Exchange>
+int main_for(int argc, char** argv, const char* name) {
+  return run(argc, argv, name, [](gflow::mpi::transport& comm, const gflow::Layout& layout, const options& o, std::size_t ipe) {
+    return std::unique_ptr<exchange_port>(std::make_unique<port<Exchange>>(comm, layout, o, ipe));
+  });
+}
+
+}  // namespace trainer::torch_cnn
