@@ -230,7 +230,7 @@ class basic_exchanger {
   }
 
   // ---- auto-tuner (Fusion<Auto>, gflow/tuner.hpp) --------------------------------------------------
-  static constexpr bool autotuned = requires { Set::fusion::autotuned; } && Set::fusion::autotuned;
+  static constexpr bool autotuned = requires { requires Set::fusion::autotuned; };
   /// The tuner (Fusion<Auto> only): its phase, fitted alpha-beta and retune count.
   [[nodiscard]] const detail::fusion_tuner& tuner() const noexcept
     requires autotuned
