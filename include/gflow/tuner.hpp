@@ -14,9 +14,9 @@
 //      on the issuing thread, so bucket b ends at max(launch_b, end_{b-1}) + alpha + beta * bytes_b;
 //   3. verifies: runs the model's choice and keeps it, or the fastest probe if that measured
 //      faster (the model cannot see e.g. a bucket falling out of the cache);
-//   4. settles, and watches: when the median iteration time of the last `window` iterations, or
-//      the backward's span, moves by more than `drift` from what it was when it settled, it
-//      probes again.
+//   4. settles, and watches: the first `window` settled iterations give the reference (medians of
+//      the iteration time and of the backward's span); when a later window's median moves by more
+//      than `drift` from it, it probes again.
 // Identical on every rank by construction: the measurements are first reduced (max) over the
 // ranks, so every rank runs the same state machine on the same numbers, and the plan to use next
 // is then broadcast from rank 0 and applied by every rank (Horovod #1282 desynchronised buckets
@@ -141,6 +141,11 @@ class fusion_tuner {
         const double mi = median(window_it_), ms = median(window_span_);
         window_it_.clear();
         window_span_.clear();
+        if (ref_iteration_ <= 0) {  // the first settled window is the reference (a median of `window`, not of a probe's few)
+          ref_iteration_ = mi;
+          ref_span_ = ms;
+          return;
+        }
         const bool moved = std::abs(mi - ref_iteration_) > s_.drift * ref_iteration_ ||
                            (ref_span_ > 0 && std::abs(ms - ref_span_) > s_.drift * ref_span_);
         if (moved) {
@@ -290,11 +295,11 @@ class fusion_tuner {
     window_span_.clear();
     seen_ = 0;
   }
-  void settle(fusion_plan p, double measured) {
+  void settle(fusion_plan p, double) {
     phase_ = phase::settled;
     current_ = p;
-    ref_iteration_ = measured;
-    ref_span_ = spans_.empty() ? 0.0 : median(spans_);
+    ref_iteration_ = 0;  // set by the first settled window
+    ref_span_ = 0;
     spans_.clear();
   }
   static double span_of(const std::vector<double>& r) {

@@ -92,6 +92,7 @@
 #include "../kernels/topk.hpp"
 #include "../plan/density.hpp"
 #include "../plan/tree.hpp"
+#include "../timeline.hpp"
 #include "family.hpp"
 #include "sparsifier.hpp"
 
@@ -382,6 +383,7 @@ class topk_engine {
     const std::size_t k = plan::k_for(density_, n);
     const std::size_t mb = kernels::message_bytes(k, sizeof(I), sizeof(W));
     float* res = residual_.data();  // holds G from here until take_selected
+    detail::stage_clock sc(cx_->tracer());  // timeline: the selection (a span when one is attached)
     const auto sel = kernels::accumulate_select_topk(cx_->grads + off, res + off, n, k, off, L.mine_idx.data(), ws_);
     count_path(sel.path);
     const std::size_t cnt = sel.count;
@@ -390,6 +392,7 @@ class topk_engine {
     const bool drop_nonfinite = cnt < n && kernels::selection_all_nonfinite(res, L.mine_idx.data(), cnt);
     kernels::take_selected(res, res, L.mine_idx.data(), cnt, L.mine_val.data(), scale_, unscale_);
     if (drop_nonfinite) kernels::clear_nonfinite(res + off, n);
+    sc.lap(trace_kind::select, 0, *cx_->iteration, n * sizeof(W));
     for (std::size_t j = 0; j < cnt; ++j) selected_[selected_n_ + j] = static_cast<std::uint64_t>(L.mine_idx[j]);
     selected_n_ += cnt;
     k_total_ += k;
@@ -427,7 +430,9 @@ class topk_engine {
     T& t = *cx_->transport;
     const int P = t.size();
     kernels::pack(send_msg_.data(), k, L.mine_idx.data(), L.mine_val.data(), cnt);
+    detail::stage_clock sc(cx_->tracer());
     t.all_gather(send_msg_.data(), gather_.data(), mb);
+    sc.lap(trace_kind::collective, 0, *cx_->iteration, mb);
     wire_bytes_ += mb;
     // Validate all P messages before the pool is touched.
     for (int q = 0; q < P; ++q) {
@@ -470,6 +475,7 @@ class topk_engine {
     std::copy(L.mine_idx.data(), L.mine_idx.data() + cnt, L.cur_idx.data());
     std::copy(L.mine_val.data(), L.mine_val.data() + cnt, L.cur_val.data());
     std::size_t cur = cnt;
+    detail::stage_clock sc(cx_->tracer());  // timeline: the tree's rounds and the broadcast, as one collective span
     kernels::message_header mark{};  // status != 0 once this rank saw a bad message (or a marked one)
     kernels::unpack_result own{};    // what this rank itself rejected
     int own_peer = -1;
@@ -510,6 +516,7 @@ class topk_engine {
     if (rank == 0) kernels::pack(bcast_msg_.data(), k, L.cur_idx.data(), L.cur_val.data(), mark.status ? 0 : cur, mark);
     else kernels::pack(bcast_msg_.data(), k, L.cur_idx.data(), L.cur_val.data(), 0);  // overwritten by the broadcast
     t.broadcast(bcast_msg_.data(), mb, 0);
+    sc.lap(trace_kind::collective, 0, *cx_->iteration, mb);
     wire_bytes_ += mb;
     // The global list, into tmp (cur is no longer needed).
     const auto F = kernels::unpack_checked(bcast_msg_.data(), k, off, off + n, L.tmp_idx.data(), L.tmp_val.data());
