@@ -264,3 +264,60 @@ TEST_CASE("Fusion<Auto>: the tuner's state goes into checkpoints and comes back"
     CHECK_THROWS_AS(a.load_state(in2), mismatch_error);
   });
 }
+
+TEST_CASE("tuner: state round trip through the checkpoint format (settled and probing), deterministic") {
+  const Layout& l = big_layout();
+  const auto pool = plan::plan_pool(l);
+  machine m;
+  auto feed = [&](detail::fusion_tuner& tu, int iters) {
+    for (int it = 0; it < iters; ++it) {
+      const auto cur = tu.current();
+      const auto b = plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
+      std::vector<double> red{m.iteration(l, pool, b, m.ready(l)), m.compute_s};
+      if (tu.state() != detail::fusion_tuner::phase::settled) {
+        const auto r = m.ready(l);
+        red.insert(red.end(), r.begin(), r.end());
+        for (const auto& bk : b) red.push_back(m.bucket_time(static_cast<double>(bk.count * 4)));
+      }
+      tu.observe(red, b.size());
+    }
+  };
+  detail::fusion_tuner a(l, pool, 4, 4u << 20);
+  feed(a, 30);
+  REQUIRE(a.state() == detail::fusion_tuner::phase::settled);
+  std::stringstream ss;
+  detail::checkpoint_writer w(ss);
+  a.save_state(w);
+  w.finish();
+  detail::fusion_tuner b(l, pool, 4, 4u << 20);
+  detail::checkpoint_reader r(ss);
+  b.restore_state(b.read_state(r));
+  CHECK(b.state() == detail::fusion_tuner::phase::settled);
+  CHECK(b.current() == a.current());
+  CHECK(b.fitted().alpha == a.fitted().alpha);
+  CHECK(b.fitted().beta == a.fitted().beta);
+  // both go on identically
+  feed(a, 25);
+  feed(b, 25);
+  CHECK(b.current() == a.current());
+  CHECK(b.state() == a.state());
+  // a tuner saved mid-probe restarts its probe from the initial plan
+  detail::fusion_tuner c(l, pool, 4, 4u << 20);
+  feed(c, 4);
+  REQUIRE(c.state() == detail::fusion_tuner::phase::probe);
+  REQUIRE(c.current().threshold != (4u << 20));
+  std::stringstream s2;
+  detail::checkpoint_writer w2(s2);
+  c.save_state(w2);
+  detail::fusion_tuner d(l, pool, 4, 4u << 20);
+  detail::checkpoint_reader r2(s2);
+  d.restore_state(d.read_state(r2));
+  CHECK(d.state() == detail::fusion_tuner::phase::probe);
+  CHECK(d.current().threshold == (4u << 20));
+  // a corrupt phase is a parse_error
+  std::string bytes = s2.str();
+  bytes[16] = 9;  // the phase word follows threshold and first bucket (2 x u64)
+  std::stringstream s3(bytes);
+  detail::checkpoint_reader r3(s3);
+  CHECK_THROWS_AS((void)d.read_state(r3), parse_error);
+}
