@@ -218,14 +218,14 @@ class basic_exchanger {
   void set_timeline(timeline* tl) {
     between_iterations("set_timeline");
     if constexpr (autotuned) {
-      auto_->mark = tl ? tl->size() : 0;
-      trace_ = tl ? tl : &auto_->own;  // Fusion<Auto> measures through a timeline of its own otherwise
+      tuned_mark_ = tl ? tl->size() : 0;
+      trace_ = tl ? tl : own_timeline_.get();  // Fusion<Auto> measures through a timeline of its own otherwise
     } else {
       trace_ = tl;
     }
   }
   [[nodiscard]] timeline* attached_timeline() const noexcept {
-    if constexpr (autotuned) return trace_ == &auto_->own ? nullptr : trace_;
+    if constexpr (autotuned) return trace_ == own_timeline_.get() ? nullptr : trace_;
     else return trace_;
   }
 
@@ -235,7 +235,7 @@ class basic_exchanger {
   [[nodiscard]] const detail::fusion_tuner& tuner() const noexcept
     requires autotuned
   {
-    return auto_->tuner;
+    return *tuner_;
   }
 
   // ---- checkpoint (docs/DESIGN.md, "Checkpoints") ----------------------------------------------
@@ -258,7 +258,7 @@ class basic_exchanger {
     sparsifier_->save_state(w);
     if constexpr (autotuned) {  // only Fusion<Auto> compositions have this section
       w.tag(detail::section_tag("TUNE"));
-      auto_->tuner.save_state(w);
+      tuner_->save_state(w);
     }
     w.checksum();
     w.finish();
@@ -291,7 +291,7 @@ class basic_exchanger {
     auto tuned = [&] {
       if constexpr (autotuned) {
         r.expect_tag(detail::section_tag("TUNE"), "TUNE");
-        return auto_->tuner.read_state(r);
+        return tuner_->read_state(r);
       } else {
         return 0;
       }
@@ -310,8 +310,8 @@ class basic_exchanger {
     sparsifier_->restore_state(std::move(sparse));
     iteration_ = iteration;
     if constexpr (autotuned) {
-      auto_->tuner.restore_state(tuned);
-      const auto p = auto_->tuner.current();
+      tuner_->restore_state(tuned);
+      const auto p = tuner_->current();
       if (p.threshold != threshold_ || p.first != first_bucket_) set_fusion(p.threshold, p.first);
     } else {
       (void)tuned;
@@ -389,40 +389,40 @@ class basic_exchanger {
   }
 
   void start_tuner() {
-    auto_ = std::make_unique<autotune_state>(layout_, pool_, sizeof(wire_t), threshold_);
-    if (!trace_) trace_ = &auto_->own;
-    if (auto_->tuner.current().threshold != threshold_) set_fusion(auto_->tuner.current().threshold, auto_->tuner.current().first);
+    // 4 events per tensor and 8 per bucket (at most one bucket per tensor) for one iteration
+    own_timeline_ = std::make_unique<timeline>(12 * layout_.size() + 64);
+    if (!trace_) trace_ = own_timeline_.get();
+    tuner_.emplace(layout_, pool_, sizeof(wire_t), threshold_);
+    if (tuner_->current().threshold != threshold_) set_fusion(tuner_->current().threshold, tuner_->current().first);
   }
 
   // After finish(): this rank's measurements of the iteration (from the timeline) to the tuner,
   // which answers with the plan every rank uses next (collective, identical on every rank).
   void tune() {
     timeline& tl = *trace_;
-    tuner_sample& sample = auto_->sample;
-    std::size_t& mark = auto_->mark;
     const std::size_t n = layout_.size();
-    sample.ready_s.assign(n, 0.0);
-    sample.bucket_s.assign(buckets_.size(), 0.0);
-    sample.iteration_s = 0;
+    sample_.ready_s.assign(n, 0.0);
+    sample_.bucket_s.assign(buckets_.size(), 0.0);
+    sample_.iteration_s = 0;
     std::int64_t first = 0;
     const std::uint64_t it = iteration_ - 1;
-    for (std::size_t e = mark; e < tl.size(); ++e) {
+    for (std::size_t e = tuned_mark_; e < tl.size(); ++e) {
       const auto& ev = tl[e];
       if (ev.iteration != it) continue;
       if (ev.kind == trace_kind::iteration) {
         first = ev.begin_ns;
-        sample.iteration_s = static_cast<double>(ev.end_ns - ev.begin_ns) * 1e-9;
+        sample_.iteration_s = static_cast<double>(ev.end_ns - ev.begin_ns) * 1e-9;
       }
     }
-    for (std::size_t e = mark; e < tl.size(); ++e) {
+    for (std::size_t e = tuned_mark_; e < tl.size(); ++e) {
       const auto& ev = tl[e];
       if (ev.iteration != it) continue;
-      if (ev.kind == trace_kind::ready && ev.id < n) sample.ready_s[ev.id] = static_cast<double>(ev.begin_ns - first) * 1e-9;
-      else if (ev.kind == trace_kind::bucket && ev.id < buckets_.size()) sample.bucket_s[ev.id] = static_cast<double>(ev.end_ns - ev.begin_ns) * 1e-9;
+      if (ev.kind == trace_kind::ready && ev.id < n) sample_.ready_s[ev.id] = static_cast<double>(ev.begin_ns - first) * 1e-9;
+      else if (ev.kind == trace_kind::bucket && ev.id < buckets_.size()) sample_.bucket_s[ev.id] = static_cast<double>(ev.end_ns - ev.begin_ns) * 1e-9;
     }
-    if (trace_ == &auto_->own) tl.clear();
-    mark = tl.size();
-    const auto p = auto_->tuner.step(*t_, sample, buckets_.size());
+    if (trace_ == own_timeline_.get()) tl.clear();
+    tuned_mark_ = tl.size();
+    const auto p = tuner_->step(*t_, sample_, buckets_.size());
     if (p.threshold != threshold_ || p.first != first_bucket_) set_fusion(p.threshold, p.first);
   }
 
@@ -454,16 +454,11 @@ class basic_exchanger {
   std::uint64_t iteration_ = 0;
   timeline* trace_ = nullptr;         // null: no timeline (one branch per hook)
   std::int64_t iteration_begin_ = 0;  // timeline: the iteration's first ready()
-  // Fusion<Auto> only, allocated only then: other exchangers carry one null pointer
-  struct autotune_state {
-    autotune_state(const Layout& l, const plan::pool_plan& p, std::size_t wire, std::size_t initial)
-        : own(12 * l.size() + 64), tuner(l, p, wire, initial) {}  // 4 events per tensor, 8 per bucket
-    timeline own;
-    detail::fusion_tuner tuner;
-    tuner_sample sample;
-    std::size_t mark = 0;  // first event of the user's timeline not yet read
-  };
-  std::unique_ptr<autotune_state> auto_;
+  // Fusion<Auto> only
+  std::unique_ptr<timeline> own_timeline_;
+  std::optional<detail::fusion_tuner> tuner_;
+  tuner_sample sample_;
+  std::size_t tuned_mark_ = 0;
 };
 
 /// A policy composition. `Exchanger<...>::on<Transport>` is the object a trainer uses.
