@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include <gflow/exchanger.hpp>
+#include <gflow/plan/cost_model.hpp>
+#include <gflow/timeline.hpp>
 #include <gflow/kernels/topk.hpp>
 #include <gflow/plan/density.hpp>
 #include <gflow/transport/inproc.hpp>
@@ -26,6 +28,8 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <gflow/plan/buckets.hpp>
+#include <gflow/plan/pool.hpp>
 #include <map>
 #include <optional>
 #include <string>
@@ -50,13 +54,19 @@ struct options {
   bool topologies = false;                     // exchange: also Hierarchical<2|4> and Hybrid
   int ranks = 0;                               // inproc: thread ranks
   int iters = 0, warmup = 0;
+  std::string trace;                            // exchange / overlap: write a Chrome trace here
+  bool autotune = false;                        // overlap: threshold sweep + Fusion<Auto>
+  std::vector<double> compute_ratios;           // overlap --autotune: several ratios in one run
+  int reps = 5;                                 // model: repetitions per size
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "gflow_bench: %s\n"
                "usage: bench/run exchange|overlap [--ranks N] [--layout NAME|PATH] [--threshold BYTES] [--wire fp32|fp16|bf16]\n"
-               "                          [--quick] [--sweep] [--iters N] [--warmup N] [--compute-ratio R]\n"
+               "                          [--quick] [--sweep] [--iters N] [--warmup N] [--compute-ratio R[,R...]] [--trace FILE]\n"
+               "       bench/run overlap --autotune [--compute-ratio 0.5,1,2]   (fixed-threshold sweep + Fusion<Auto>)\n"
+               "       bench/run model [--ranks N] [--layout L] [--reps N]       (alpha-beta fit, predictions P = 2..1024, error at N)\n"
                "       bench/run sparse [--ranks N] [--layout L] [--density 0.001,0.01] [--transport mpi|inproc]\n"
                "       bench/run kernels [--layout L1,L2 (default resnet50,gpt2_small)] [--iters N] [--warmup N]\n",
                why.c_str());
@@ -95,7 +105,20 @@ options parse(int argc, char** argv) {
     else if (a == "--threshold") o.threshold = parse_bytes(next());
     else if (a == "--quick") o.quick = true;
     else if (a == "--sweep") o.sweep = true;
-    else if (a == "--compute-ratio") o.compute_ratio = std::stod(next());
+    else if (a == "--compute-ratio") {
+      o.compute_ratios.clear();
+      std::string v = next();
+      for (std::size_t p0 = 0; p0 <= v.size();) {
+        const std::size_t c = v.find(',', p0);
+        o.compute_ratios.push_back(std::stod(v.substr(p0, c == std::string::npos ? std::string::npos : c - p0)));
+        if (c == std::string::npos) break;
+        p0 = c + 1;
+      }
+      o.compute_ratio = o.compute_ratios.front();
+    }
+    else if (a == "--trace") o.trace = next();
+    else if (a == "--autotune") o.autotune = true;
+    else if (a == "--reps") o.reps = std::stoi(next());
     else if (a == "--density") {
       o.densities.clear();
       std::string v = next();
@@ -116,8 +139,14 @@ options parse(int argc, char** argv) {
     else if (a == "--ranks") o.ranks = std::stoi(next());  // MPI ranks are bench/run's business
     else usage("unknown option '" + a + "'");
   }
-  if (o.suite != "exchange" && o.suite != "overlap" && o.suite != "sparse" && o.suite != "kernels")
-    usage("unknown suite '" + o.suite + "' (available: exchange, overlap, sparse, kernels)");
+  if (o.suite != "exchange" && o.suite != "overlap" && o.suite != "sparse" && o.suite != "kernels" && o.suite != "model")
+    usage("unknown suite '" + o.suite + "' (available: exchange, overlap, sparse, kernels, model)");
+  if (o.compute_ratios.empty()) o.compute_ratios.push_back(o.compute_ratio);
+  if (o.compute_ratios.size() > 1 && !o.autotune) usage("several --compute-ratio values need --autotune (the sweep runs them in one invocation)");
+  for (double r : o.compute_ratios)
+    if (!(r >= 0)) usage("--compute-ratio values must be >= 0");
+  if (o.reps < 3) usage("--reps must be at least 3");
+  if (!o.trace.empty() && o.suite != "exchange" && o.suite != "overlap") usage("--trace is for the exchange and overlap suites");
   if (o.suite == "kernels" && !o.layout_given) o.layout = "resnet50,gpt2_small";
   if (o.transport != "mpi" && o.transport != "inproc") usage("--transport must be mpi or inproc");
   for (double d : o.densities)
@@ -298,6 +327,23 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
                   if (!st.finite()) std::fprintf(stderr, "gflow_bench: non-finite result\n");
                 },
                 [&] { std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float)); }, {}});
+  // --trace FILE: the same exchanger with a timeline attached (gflow_traced / gflow is what the
+  // timeline costs when on); its events of every iteration and rank go to FILE.
+  std::optional<on_mpi<E>> ext;
+  std::optional<gflow::timeline> tl;
+  if (!o.trace.empty()) {
+    ext.emplace(tr, l, eo);
+    tl.emplace();
+    ext->set_timeline(&*tl);
+    tl->start(tr);
+    auto* e = &*ext;
+    vs.push_back({"gflow_traced", e->buckets().size(),
+                  [e, &l] {
+                    for (std::size_t k = l.size(); k-- > 0;) e->ready(k);
+                    (void)e->finish();
+                  },
+                  [e, &fresh, total] { std::memcpy(e->pool_data(), fresh.data(), total * sizeof(float)); }, {}});
+  }
   // The same exchanger on a transport without timeouts (plain blocking MPI calls on this
   // thread): what the default, timed transport costs is gflow / gflow_untimed.
   gflow::mpi::transport untimed(MPI_COMM_WORLD, std::chrono::milliseconds(0));
@@ -343,6 +389,11 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
     if (isatty(2)) std::fprintf(stderr, "\r%60s\r", "");
     else std::fprintf(stderr, "  threshold %zu B: %d iterations done\n", threshold, o.warmup + o.iters);
   }
+  if (tl) {
+    ext->set_timeline(nullptr);
+    tl->write_chrome_trace(tr, o.trace);
+    if (rank == 0) std::fprintf(stderr, "  trace: %zu events per rank (rank 0), %zu dropped, written to %s\n", tl->size(), tl->dropped(), o.trace.c_str());
+  }
   // gflow and the hand-written bucketed run must agree bit for bit
   {
     fill_pool();
@@ -375,8 +426,29 @@ struct overlap_result {
   stats iteration, exchange, compute;
 };
 
+// One simulated backward with ready() after each tensor; returns the iteration's seconds and
+// adds the time slept to `slept` (this rank's).
+template <class X>
+double simulated_backward(X& ex, const gflow::Layout& l, double per_elem_s, double& slept) {
+  const double t0 = MPI_Wtime();
+  double owed = 0;
+  for (std::size_t k = l.size(); k-- > 0;) {
+    owed += per_elem_s * static_cast<double>(l[k].numel);
+    if (owed >= 200e-6 || k == 0) {
+      const double s0 = MPI_Wtime();
+      std::this_thread::sleep_for(std::chrono::duration<double>(owed));
+      const double took = MPI_Wtime() - s0;
+      slept += took;
+      owed -= took;
+    }
+    ex.ready(k);
+  }
+  (void)ex.finish();
+  return MPI_Wtime() - t0;
+}
+
 template <class E>
-overlap_result run_overlap_variant(const char* name, const options& o, const gflow::Layout& l, double per_elem_s) {
+overlap_result run_overlap_variant(const char* name, const options& o, const gflow::Layout& l, double per_elem_s, bool traced = false) {
   int P = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &P);
   gflow::mpi::transport tr(MPI_COMM_WORLD);
@@ -386,6 +458,11 @@ overlap_result run_overlap_variant(const char* name, const options& o, const gfl
   const std::size_t total = l.total_numel();
   std::vector<float> fresh(total, 0.5f);
   std::vector<double> it_t, ex_t, co_t;
+  std::optional<gflow::timeline> tl;
+  if (traced) {
+    tl.emplace();
+    tl->start(tr);
+  }
   for (int it = 0; it < o.warmup + o.iters; ++it) {
     // exchange alone: every gradient ready at once
     std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float));
@@ -397,21 +474,10 @@ overlap_result run_overlap_variant(const char* name, const options& o, const gfl
     // backward with the exchange overlapped
     std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float));
     MPI_Barrier(MPI_COMM_WORLD);
-    t0 = MPI_Wtime();
-    double owed = 0, slept = 0;
-    for (std::size_t k = l.size(); k-- > 0;) {
-      owed += per_elem_s * static_cast<double>(l[k].numel);
-      if (owed >= 200e-6 || k == 0) {
-        const double s0 = MPI_Wtime();
-        std::this_thread::sleep_for(std::chrono::duration<double>(owed));
-        const double took = MPI_Wtime() - s0;
-        slept += took;
-        owed -= took;
-      }
-      ex.ready(k);
-    }
-    (void)ex.finish();
-    double di = MPI_Wtime() - t0;
+    if (tl) ex.set_timeline(&*tl);  // the overlapped backward only
+    double slept = 0;
+    double di = simulated_backward(ex, l, per_elem_s, slept);
+    if (tl) ex.set_timeline(nullptr);
     MPI_Allreduce(MPI_IN_PLACE, &dx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(MPI_IN_PLACE, &di, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(MPI_IN_PLACE, &slept, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -421,7 +487,106 @@ overlap_result run_overlap_variant(const char* name, const options& o, const gfl
       co_t.push_back(slept);
     }
   }
+  if (tl) {
+    tl->write_chrome_trace(tr, o.trace);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) std::fprintf(stderr, "  trace of %s: %zu events on rank 0, %zu dropped, written to %s\n", name, tl->size(), tl->dropped(), o.trace.c_str());
+  }
   return {name, summarize(it_t), summarize(ex_t), summarize(co_t)};
+}
+
+// ---- overlap --autotune: fixed thresholds against Fusion<Auto> ----------------------------------
+// Funneled, the simulated backward only (no exchange-alone pass). Fixed: warm-up then iters.
+// Autotuned: runs until the tuner has been settled for 10 iterations (at most 80), and reports
+// the median of those 10 and the iteration at which it settled.
+struct tuned_point {
+  std::size_t threshold;
+  stats it;
+  int settled_at;  // -1: fixed
+  std::size_t retunes;
+};
+
+template <class E>
+tuned_point run_backward_only(const options& o, const gflow::Layout& l, double per_elem_s, std::size_t threshold) {
+  gflow::mpi::transport tr(MPI_COMM_WORLD);
+  gflow::exchange_options eo;
+  eo.threshold_bytes = threshold;
+  typename E::template on<gflow::mpi::transport> ex(tr, l, eo);
+  std::vector<double> its;
+  int settled_at = -1, settled_run = 0;
+  const int max_iters = E::template on<gflow::mpi::transport>::autotuned ? 80 : o.warmup + o.iters;
+  for (int it = 0; it < max_iters; ++it) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double slept = 0;
+    double di = simulated_backward(ex, l, per_elem_s, slept);
+    MPI_Allreduce(MPI_IN_PLACE, &di, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if constexpr (E::template on<gflow::mpi::transport>::autotuned) {
+      // identical on every rank: the tuner's phase is rank 0's, broadcast in finish()
+      if (ex.tuner().state() == gflow::detail::fusion_tuner::phase::settled) {
+        if (settled_run == 0) settled_at = it + 1;
+        if (settled_run++ > 0) its.push_back(di);  // the iteration that settled ran the previous plan
+        if (settled_run > 10) break;
+      } else {
+        settled_run = 0;
+        its.clear();
+        settled_at = -1;
+      }
+    } else if (it >= o.warmup) {
+      its.push_back(di);
+    }
+  }
+  if (its.empty()) its.push_back(0.0);
+  std::size_t retunes = 0;
+  if constexpr (E::template on<gflow::mpi::transport>::autotuned) retunes = ex.tuner().retunes();
+  return {ex.threshold_bytes(), summarize(its), settled_at, retunes};
+}
+
+template <class W>
+void run_autotune_suite(const options& o, const gflow::Layout& l, const std::string& layout_name) {
+  int rank = 0, P = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  using gflow::Overlap;
+  using Pr = gflow::Precision<W>;
+  using Fixed = gflow::Exchanger<Pr, gflow::Fusion<(4u << 20)>, Overlap<gflow::Funneled>>;
+  using Tuned = gflow::Exchanger<Pr, gflow::Fusion<gflow::Auto>, Overlap<gflow::Funneled>>;
+  const std::vector<std::size_t> sweep{64u << 10, 256u << 10, 1u << 20, 4u << 20, 16u << 20, 25u << 20, 64u << 20};
+  options cal = o;
+  cal.warmup = 1;
+  cal.iters = 7;
+  const auto base = run_overlap_variant<gflow::Exchanger<Pr, gflow::Fusion<(4u << 20)>>>("calibration", cal, l, 0.0);
+  for (double ratio : o.compute_ratios) {
+    const double per_elem = ratio * base.exchange.median / static_cast<double>(l.total_numel());
+    std::vector<tuned_point> fixed;
+    for (std::size_t th : sweep) {
+      fixed.push_back(run_backward_only<Fixed>(o, l, per_elem, th));
+      if (rank == 0) std::fprintf(stderr, "  ratio %.2f: fixed %zu B: %.2f ms\n", ratio, th, fixed.back().it.median * 1e3);
+    }
+    const tuned_point tuned = run_backward_only<Tuned>(o, l, per_elem, 4u << 20);
+    if (rank != 0) continue;
+    const tuned_point* best = &fixed.front();
+    double at25 = 0, at64 = 0;
+    for (const auto& f : fixed) {
+      if (f.it.median < best->it.median) best = &f;
+      if (f.threshold == (25u << 20)) at25 = f.it.median;
+      if (f.threshold == (64u << 20)) at64 = f.it.median;
+    }
+    std::fprintf(stderr, "  ratio %.2f: autotuned %zu B: %.2f ms (settled at iteration %d, %zu retunes); best fixed %zu B: %.2f ms -> %.3f; vs 25 MiB %.3f, vs 64 MiB %.3f\n",
+                 ratio, tuned.threshold, tuned.it.median * 1e3, tuned.settled_at, tuned.retunes, best->threshold, best->it.median * 1e3,
+                 tuned.it.median / best->it.median, tuned.it.median / at25, tuned.it.median / at64);
+    auto row = [&](const char* variant, const tuned_point& p) {
+      std::printf(
+          "{\"suite\":\"overlap\",\"layout\":\"%s\",\"ranks\":%d,\"variant\":\"%s\",\"strategy\":\"Funneled\",\"wire\":\"%s\","
+          "\"threshold_bytes\":%zu,\"iteration_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"compute_ratio\":%.3f,\"settled_at\":%d,"
+          "\"retunes\":%zu,\"iterations\":%d}\n",
+          layout_name.c_str(), P, variant, o.wire.c_str(), p.threshold, p.it.median, p.it.p10, p.it.p90, ratio, p.settled_at, p.retunes,
+          p.settled_at < 0 ? o.iters : 10);
+    };
+    for (const auto& f : fixed) row("fixed", f);
+    row("autotuned", tuned);
+    std::fflush(stdout);
+  }
 }
 
 template <class W>
@@ -440,7 +605,7 @@ void run_overlap_suite(const options& o, const gflow::Layout& l, const std::stri
   const double per_elem = o.compute_ratio * base.exchange.median / static_cast<double>(l.total_numel());
   std::vector<overlap_result> rs;
   rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::None>>>("None", o, l, per_elem));
-  rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Funneled>>>("Funneled", o, l, per_elem));
+  rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Funneled>>>("Funneled", o, l, per_elem, !o.trace.empty()));
   rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Concurrent<2>>>>("Concurrent<2>", o, l, per_elem));
   rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Chained>>>("Chained", o, l, per_elem));
   if (rank != 0) return;
@@ -554,6 +719,158 @@ void report_sparse(const options& o, const std::vector<sparse_result>& rs, const
   std::fflush(stdout);
 }
 
+
+// ---- suite model: the alpha-beta cost model ------------------------------------------------------
+// 1. times each collective kind the exchanges use (allreduce, all_gather, send/recv, broadcast)
+//    over sizes 4 KiB .. 16 MiB on this P, median of --reps, slowest rank;
+// 2. fits alpha + beta * bytes per kind in its algorithm's shape (plan/cost_model.hpp);
+// 3. checks the model against measured exchanges of the layout at this P (dense at --threshold,
+//    Hierarchical<2>, TopK / GTopK at density 0.01 and 0.001 (communication = total minus the
+//    selection, as in the sparse suite), CSC at 1%) and reports the error;
+// 4. predicts those exchanges for P = 2 .. 1024 from the fit.
+template <class F>
+double time_median(int reps, F&& f) {
+  std::vector<double> ts;
+  for (int r = 0; r < reps + 2; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    f();
+    double dt = MPI_Wtime() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (r > 1) ts.push_back(dt);  // the first two are warm-up (first-touch, protocol set-up)
+  }
+  return summarize(ts).median;
+}
+
+void run_model_suite(const options& o, const gflow::Layout& l, const std::string& layout_name) {
+  namespace pl = gflow::plan;
+  int rank = 0, P = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  if (P < 2) {
+    if (rank == 0) std::fprintf(stderr, "gflow_bench: the model suite fits collectives: run it on 2 or more ranks (--ranks 2)\n");
+    return;
+  }
+  gflow::mpi::transport tr(MPI_COMM_WORLD);
+  const std::vector<std::size_t> sizes{4u << 10, 16u << 10, 64u << 10, 256u << 10, 1u << 20, 4u << 20, 16u << 20};
+  std::vector<float> buf((16u << 20) / 4, 1.0f);
+  std::vector<std::uint8_t> bytes_in(16u << 20, 1), gathered((4u << 20) * static_cast<std::size_t>(P));
+  struct sample {
+    pl::collective_kind kind;
+    double bytes, seconds;
+  };
+  std::vector<sample> samples;
+  for (std::size_t n : sizes) {
+    samples.push_back({pl::collective_kind::allreduce, double(n), time_median(o.reps, [&] { tr.all_reduce(buf.data(), n / 4, gflow::reduce_op::sum); })});
+    if (n <= (4u << 20))
+      samples.push_back({pl::collective_kind::all_gather, double(n), time_median(o.reps, [&] { tr.all_gather(bytes_in.data(), gathered.data(), n); })});
+    samples.push_back({pl::collective_kind::broadcast, double(n), time_median(o.reps, [&] { tr.broadcast(bytes_in.data(), n, 0); })});
+    // one message, rank 0 <-> rank 1 ping-pong: half the round trip
+    samples.push_back({pl::collective_kind::send_recv, double(n), 0.5 * time_median(o.reps, [&] {
+                         if (rank == 0) {
+                           tr.send(bytes_in.data(), n, 1);
+                           tr.recv(bytes_in.data(), n, 1);
+                         } else if (rank == 1) {
+                           tr.recv(bytes_in.data(), n, 0);
+                           tr.send(bytes_in.data(), n, 0);
+                         }
+                       })});
+    if (rank == 0) std::fprintf(stderr, "  collectives of %zu B timed\n", n);
+  }
+  pl::cost_model m;
+  for (auto k : {pl::collective_kind::allreduce, pl::collective_kind::all_gather, pl::collective_kind::send_recv, pl::collective_kind::broadcast}) {
+    std::vector<double> x, y;
+    for (const auto& s : samples)
+      if (s.kind == k) {
+        x.push_back(s.bytes);
+        y.push_back(s.seconds);
+      }
+    const pl::alpha_beta f = pl::fit_kind(k, k == pl::collective_kind::send_recv ? 2 : P, x, y);
+    (k == pl::collective_kind::allreduce ? m.allreduce : k == pl::collective_kind::all_gather ? m.all_gather
+                                                     : k == pl::collective_kind::send_recv  ? m.send_recv
+                                                                                            : m.broadcast) = f;
+  }
+  if (rank == 0) {
+    std::fprintf(stderr, "%-11s %12s %16s %14s\n", "kind", "alpha_us", "beta_ns_per_B", "fit_max_err");
+    for (auto k : {pl::collective_kind::allreduce, pl::collective_kind::all_gather, pl::collective_kind::send_recv, pl::collective_kind::broadcast}) {
+      double worst = 0;
+      for (const auto& s : samples)
+        if (s.kind == k) {
+          const double pred = m.collective(k, k == pl::collective_kind::send_recv ? 2 : P, s.bytes);
+          const double err = pred / s.seconds - 1.0;
+          worst = std::max(worst, std::abs(err));
+          std::printf("{\"suite\":\"model\",\"row\":\"sample\",\"ranks\":%d,\"kind\":\"%s\",\"bytes\":%.0f,\"measured_s\":%.9g,\"predicted_s\":%.9g,\"error\":%.4f}\n", P,
+                      pl::collective_kind_name(k), s.bytes, s.seconds, pred, err);
+        }
+      const auto& f = m.of(k);
+      std::fprintf(stderr, "%-11s %12.2f %16.4f %13.1f%%\n", pl::collective_kind_name(k), f.alpha * 1e6, f.beta * 1e9, worst * 100);
+      std::printf("{\"suite\":\"model\",\"row\":\"fit\",\"ranks\":%d,\"kind\":\"%s\",\"alpha_s\":%.9g,\"beta_s_per_byte\":%.9g,\"fit_max_error\":%.4f}\n", P,
+                  pl::collective_kind_name(k), f.alpha, f.beta, worst);
+    }
+  }
+  // ---- measured exchanges of the layout -----------------------------------------------------------
+  options so = o;
+  so.iters = std::max(o.iters, 7);
+  const std::size_t total = l.total_numel();
+  std::vector<double> bucket_bytes;
+  {
+    const auto pool = pl::plan_pool(l);
+    for (const auto& b : pl::plan_buckets(l, pool, {4, o.threshold, 0})) bucket_bytes.push_back(double(b.count * 4));
+  }
+  struct check {
+    std::string name;
+    double measured, predicted;
+  };
+  std::vector<check> checks;
+  using gflow::Exchanger;
+  using gflow::Sparsifier;
+  auto fuse = [&](auto& ex) { ex.set_fusion(o.threshold); };
+  {
+    auto r = measure_sparse<Exchanger<gflow::Fusion<(4u << 20)>>>(tr, so, l, "dense", 1.0, false, fuse);
+    checks.push_back({"dense", r.total.median, m.dense(P, bucket_bytes)});
+  }
+  if (P >= 4 && P % 2 == 0) {
+    auto r = measure_sparse<Exchanger<gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hierarchical<2>>>>(tr, so, l, "hierarchical2", 1.0, false, fuse);
+    checks.push_back({"hierarchical2", r.total.median, m.hierarchical(P, 2, bucket_bytes)});
+  }
+  for (double d : {0.01, 0.001}) {
+    const std::size_t k = pl::k_for(d, total);
+    auto dens = [d](auto& ex) { ex.sparsifier().set_density(d); };
+    auto a = measure_sparse<Exchanger<Sparsifier<gflow::TopK<0.01>>>>(tr, so, l, "TopK", d, true, dens);
+    checks.push_back({"topk_" + std::to_string(d).substr(0, 5), a.total.median - a.select.median, m.topk(P, k, 8)});
+    auto g = measure_sparse<Exchanger<Sparsifier<gflow::GTopK<0.01>>>>(tr, so, l, "GTopK", d, true, dens);
+    checks.push_back({"gtopk_" + std::to_string(d).substr(0, 5), g.total.median - g.select.median, m.gtopk(P, k, 8)});
+  }
+  {
+    auto c = measure_sparse<Exchanger<gflow::Fusion<(4u << 20)>, Sparsifier<gflow::CSC<32768, 15>>>>(tr, so, l, "CSC", 0.01, false, [&](auto& ex) {
+      ex.set_fusion(o.threshold);
+      ex.sparsifier().set_percent(1);
+      ex.sparsifier().set_warmup(0, 0);
+    });
+    checks.push_back({"csc_1pct", c.total.median, m.csc(P, total, 32768, 0.01, 4)});
+  }
+  if (rank != 0) return;
+  std::fprintf(stderr, "%-14s %12s %12s %9s\n", "exchange", "measured_ms", "model_ms", "error");
+  for (const auto& c : checks) {
+    const double err = c.predicted / c.measured - 1.0;
+    std::fprintf(stderr, "%-14s %12.2f %12.2f %8.1f%%\n", c.name.c_str(), c.measured * 1e3, c.predicted * 1e3, err * 100);
+    std::printf("{\"suite\":\"model\",\"row\":\"check\",\"layout\":\"%s\",\"ranks\":%d,\"exchange\":\"%s\",\"measured_s\":%.9g,\"predicted_s\":%.9g,\"error\":%.4f}\n",
+                layout_name.c_str(), P, c.name.c_str(), c.measured, c.predicted, err);
+  }
+  // ---- predictions beyond this machine ------------------------------------------------------------
+  std::fprintf(stderr, "%6s %12s %12s %12s %12s %12s %12s\n", "P", "dense_ms", "hier8_ms", "topk1%_ms", "gtopk1%_ms", "gtopk.1%_ms", "csc1%_ms");
+  const std::size_t k1 = pl::k_for(0.01, total), k01 = pl::k_for(0.001, total);
+  for (int q = 2; q <= 1024; q *= 2) {
+    const double dn = m.dense(q, bucket_bytes), hi = m.hierarchical(q, 8, bucket_bytes), tk = m.topk(q, k1, 8), gk = m.gtopk(q, k1, 8),
+                 gk01 = m.gtopk(q, k01, 8), cs = m.csc(q, total, 32768, 0.01, 4);
+    std::fprintf(stderr, "%6d %12.2f %12.2f %12.2f %12.2f %12.2f %12.2f\n", q, dn * 1e3, hi * 1e3, tk * 1e3, gk * 1e3, gk01 * 1e3, cs * 1e3);
+    std::printf("{\"suite\":\"model\",\"row\":\"predict\",\"layout\":\"%s\",\"fitted_at_ranks\":%d,\"ranks\":%d,\"dense_s\":%.9g,\"hierarchical8_s\":%.9g,"
+                "\"topk_0.01_s\":%.9g,\"gtopk_0.01_s\":%.9g,\"topk_0.001_s\":%.9g,\"gtopk_0.001_s\":%.9g,\"csc_1pct_s\":%.9g}\n",
+                layout_name.c_str(), P, q, dn, hi, tk, gk, m.topk(q, k01, 8), gk01, cs);
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -600,6 +917,13 @@ int main(int argc, char** argv) {
   const std::size_t wbytes = o.wire == "fp32" ? 4 : 2;
   const std::size_t payload = l.total_numel() * wbytes;
 
+  if (o.suite == "model") {
+    if (rank == 0)
+      std::fprintf(stderr, "gflow bench: suite model, layout %s, %d MPI ranks, %d repetitions per size, threshold %zu B\n", layout_name.c_str(), P, o.reps, o.threshold);
+    run_model_suite(o, l, layout_name);
+    MPI_Finalize();
+    return 0;
+  }
   if (o.suite == "sparse") {
     if (o.transport == "inproc") {
       const int R = o.ranks > 0 ? o.ranks : 4;
@@ -634,6 +958,13 @@ int main(int argc, char** argv) {
     if (rank == 0)
       std::fprintf(stderr, "gflow bench: suite overlap, layout %s, %d ranks, wire %s, threshold %zu B, compute = %.2f x exchange, %d+%d iterations\n",
                    layout_name.c_str(), P, o.wire.c_str(), o.threshold, o.compute_ratio, o.warmup, o.iters);
+    if (o.autotune) {
+      if (o.wire == "fp16") run_autotune_suite<gflow::wire::fp16>(o, l, layout_name);
+      else if (o.wire == "bf16") run_autotune_suite<gflow::wire::bf16>(o, l, layout_name);
+      else run_autotune_suite<gflow::wire::fp32>(o, l, layout_name);
+      MPI_Finalize();
+      return 0;
+    }
     if (o.wire == "fp16") run_overlap_suite<gflow::wire::fp16>(o, l, layout_name);
     else if (o.wire == "bf16") run_overlap_suite<gflow::wire::bf16>(o, l, layout_name);
     else run_overlap_suite<gflow::wire::fp32>(o, l, layout_name);

@@ -9,6 +9,10 @@
 #   sparse    dense / TopK / GTopK / CSC: resnet50, alexnet, gpt2_small at 2, 4, 8 MPI ranks and
 #             2, 4 in-process ranks, resnet50 at 8 in-process ranks (sp_*.jsonl)
 #   topology  Ring vs Hierarchical vs Hybrid on shared memory, resnet50, 4 and 8 ranks
+#   trace     the timeline's cost when on (gflow_traced / gflow, resnet50 and resnet20) and the
+#             ResNet-50 overlap trace on 4 ranks drawn into docs/timeline_resnet50_4.png
+#   model     the alpha-beta fit and its error at P = 2, 4, 8 (model_resnet50_<P>.jsonl)
+#   autotune  overlap --autotune, resnet50 and gpt2_small, 4 ranks, compute ratios 0.5, 1, 2
 # Run it alone on the machine: a compile or a test beside it makes the numbers worthless.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,11 +22,11 @@ sections=()
 while (($#)); do
   case "$1" in
     --repeats) repeats="$2"; shift 2 ;;
-    exchange|wire|kernels|sparse|topology) sections+=("$1"); shift ;;
-    *) echo "bench/measure.sh: unknown argument '$1' (sections: exchange wire kernels sparse topology; --repeats N)" >&2; exit 2 ;;
+    exchange|wire|kernels|sparse|topology|trace|model|autotune) sections+=("$1"); shift ;;
+    *) echo "bench/measure.sh: unknown argument '$1' (sections: exchange wire kernels sparse topology trace model autotune; --repeats N)" >&2; exit 2 ;;
   esac
 done
-((${#sections[@]})) || { echo "usage: bench/measure.sh exchange|wire|kernels|sparse|topology... [--repeats N]" >&2; exit 2; }
+((${#sections[@]})) || { echo "usage: bench/measure.sh exchange|wire|kernels|sparse|topology|trace|model|autotune... [--repeats N]" >&2; exit 2; }
 run() {  # run OUTFILE ARGS...: one bench/run invocation, progress on stderr
   local f="$1"; shift
   printf '[%s] bench/run %s > %s\n' "$(date +%T)" "$*" "${f#$root/}" >&2
@@ -56,6 +60,21 @@ for s in "${sections[@]}"; do
       run "$out/sp_resnet50_inproc_8.jsonl" sparse --layout resnet50 --ranks 8 --transport inproc --quick ;;
     topology)
       for p in 4 8; do run "$out/topo_resnet50_${p}.jsonl" exchange --layout resnet50 --ranks "$p" --topology all --quick; done ;;
+    trace)
+      for r in $(seq 1 "$repeats"); do
+        run "$out/trace_cost_resnet20_2_r$r.jsonl" exchange --layout resnet20 --ranks 2 --iters 200 --warmup 10 --trace "$out/trace_exchange_resnet20_2.json"
+        run "$out/trace_cost_resnet50_4_r$r.jsonl" exchange --layout resnet50 --ranks 4 --quick --trace "$out/trace_exchange_resnet50_4.json"
+      done
+      run "$out/trace_overlap_resnet50_4.jsonl" overlap --layout resnet50 --ranks 4 --quick --compute-ratio 1 --trace "$out/trace_overlap_resnet50_4.json"
+      python3 "$root/bench/plot.py" trace "$out/trace_overlap_resnet50_4.json" -o "$root/docs/timeline_resnet50_4.png" ;;
+    model)
+      for p in 2 4 8; do run "$out/model_resnet50_${p}.jsonl" model --layout resnet50 --ranks "$p" --quick; done
+      python3 "$root/bench/plot.py" model "$out"/model_resnet50_*.jsonl -o "$root/docs/cost_model.png" ;;
+    autotune)
+      for l in resnet50 gpt2_small; do
+        run "$out/autotune_${l}_4.jsonl" overlap --layout "$l" --ranks 4 --autotune --compute-ratio 0.5,1,2 --quick
+      done
+      python3 "$root/bench/plot.py" autotune "$out"/autotune_*_4.jsonl ;;
   esac
 done
 echo "[$(date +%T)] done" >&2

@@ -12,6 +12,14 @@
   python3 bench/plot.py sweep RESULTS.jsonl... -o docs/exchange_threshold_sweep.png
       median time against fusion threshold, one line per (layout, ranks) for gflow and the
       hand-written bucketed MPI, with per-tensor and whole-pool baselines as dashed levels.
+  python3 bench/plot.py trace TRACE.json [--iteration N] -o docs/timeline.png
+      one iteration of a Chrome trace written by --trace (gflow::timeline): per rank, the caller
+      thread's ready() ticks and finish(), and the issuing thread's buckets with their stages.
+  python3 bench/plot.py autotune RESULTS.jsonl... [-o docs/autotune.png]
+      overlap --autotune rows: a markdown table of the sweep against the auto-tuned threshold.
+  python3 bench/plot.py model RESULTS.jsonl... [-o docs/cost_model.png]
+      model rows: the fit, the check against measured exchanges, predictions P = 2 .. 1024,
+      and cross-P errors (the fit at one P against the exchanges measured at another).
 Needs matplotlib (pip install matplotlib).
 """
 import argparse
@@ -146,12 +154,146 @@ def kernels_table(rows, out=None):
     print(f"wrote {out}", file=sys.stderr)
 
 
+def trace_plot(path, iteration, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(path) as f:
+        ev = json.load(f)["traceEvents"]
+    its = sorted({e["args"]["iteration"] for e in ev if e.get("cat") == "iteration"})
+    if not its:
+        sys.exit("plot.py trace: no iteration spans in " + path)
+    it = its[min(len(its) - 1, len(its) // 2)] if iteration is None else iteration
+    sel = [e for e in ev if e.get("ph") != "M" and e.get("args", {}).get("iteration") == it]
+    ranks = sorted({e["pid"] for e in sel})
+    t0 = min(e["ts"] for e in sel if e.get("cat") == "iteration")
+    colors = {"bucket": "#4c72b0", "cast": "#dd8452", "collective": "#55a868", "widen+average": "#c44e52", "select": "#8172b3"}
+    fig, ax = plt.subplots(figsize=(12, 1.1 + 1.0 * len(ranks)))
+    yt, yl = [], []
+    for k, r in enumerate(ranks):
+        base = (len(ranks) - 1 - k) * 3
+        mine = [e for e in sel if e["pid"] == r]
+        # caller thread: ready ticks, finish span
+        ready = [(e["ts"] - t0) / 1e3 for e in mine if e.get("cat") == "ready"]
+        ax.vlines(ready, base + 1.55, base + 2.35, color="#333333", linewidth=0.6)
+        for e in mine:
+            if e.get("cat") == "finish":
+                ax.broken_barh([((e["ts"] - t0) / 1e3, e["dur"] / 1e3)], (base + 1.5, 0.9), facecolor="#bbbbbb", edgecolor="none")
+        # issuing thread: buckets and their stages
+        for e in mine:
+            c = e.get("cat")
+            if e.get("ph") != "X" or c not in colors or e["tid"] == 0 and c != "bucket" and False:
+                continue
+            if c == "bucket":
+                ax.broken_barh([((e["ts"] - t0) / 1e3, e["dur"] / 1e3)], (base + 0.1, 1.1), facecolor="none", edgecolor=colors[c], linewidth=0.8)
+            else:
+                ax.broken_barh([((e["ts"] - t0) / 1e3, e["dur"] / 1e3)], (base + 0.25, 0.8), facecolor=colors[c], edgecolor="none")
+        yt += [base + 0.65, base + 1.95]
+        yl += ["rank %d exchange" % r, "rank %d ready/finish" % r]
+    ax.set_yticks(yt)
+    ax.set_yticklabels(yl, fontsize=8)
+    ax.set_xlabel("ms since the iteration's first ready() (rank clocks aligned at a barrier)")
+    from matplotlib.patches import Patch
+    handles = [Patch(facecolor=v, label=k) for k, v in colors.items() if k != "bucket" and any(e.get("cat") == k for e in sel)]
+    handles.append(Patch(facecolor="none", edgecolor=colors["bucket"], label="bucket"))
+    handles.append(Patch(facecolor="#bbbbbb", label="finish()"))
+    ax.legend(handles=handles, loc="upper left", fontsize=7, ncol=6)
+    ax.set_title("gflow timeline, iteration %d (%s)" % (it, path.split("/")[-1]), fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=140)
+    print("wrote", out)
+
+
+def autotune_table(rows, out=None):
+    groups = defaultdict(list)
+    for r in rows:
+        if r.get("suite") == "overlap" and r.get("variant") in ("fixed", "autotuned"):
+            groups[(r["layout"], r["ranks"], r["compute_ratio"])].append(r)
+    print("| layout | ranks | compute ratio | best fixed (ms) | at | 25 MiB (ms) | 64 MiB (ms) | auto-tuned (ms) | its threshold | settled at | auto / best | auto / 25 MiB | auto / 64 MiB |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for (layout, ranks, ratio), rs in sorted(groups.items()):
+        fixed = [r for r in rs if r["variant"] == "fixed"]
+        auto = [r for r in rs if r["variant"] == "autotuned"]
+        if not fixed or not auto:
+            continue
+        a = auto[-1]
+        best = min(fixed, key=lambda r: r["iteration_s"])
+        f25 = next((r for r in fixed if r["threshold_bytes"] == 25 << 20), None)
+        f64 = next((r for r in fixed if r["threshold_bytes"] == 64 << 20), None)
+        def kib(b):
+            return "%d KiB" % (b >> 10) if b < (1 << 20) else "%d MiB" % (b >> 20)
+        print("| %s | %d | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %s | %d | %.3f | %.3f | %.3f |" % (
+            layout, ranks, ratio, best["iteration_s"] * 1e3, kib(best["threshold_bytes"]), f25["iteration_s"] * 1e3, f64["iteration_s"] * 1e3,
+            a["iteration_s"] * 1e3, kib(a["threshold_bytes"]), a["settled_at"], a["iteration_s"] / best["iteration_s"],
+            a["iteration_s"] / f25["iteration_s"], a["iteration_s"] / f64["iteration_s"]))
+
+
+def model_report(rows, out=None):
+    fits = [r for r in rows if r.get("suite") == "model" and r.get("row") == "fit"]
+    checks = [r for r in rows if r.get("suite") == "model" and r.get("row") == "check"]
+    preds = [r for r in rows if r.get("suite") == "model" and r.get("row") == "predict"]
+    print("| fitted at P | kind | alpha (us) | beta (ns/B) | worst fit error over sizes |")
+    print("| ---: | --- | ---: | ---: | ---: |")
+    for r in sorted(fits, key=lambda r: (r["ranks"], r["kind"])):
+        print("| %d | %s | %.2f | %.4f | %.0f%% |" % (r["ranks"], r["kind"], r["alpha_s"] * 1e6, r["beta_s_per_byte"] * 1e9, r["fit_max_error"] * 100))
+    print()
+    print("| P | exchange | measured (ms) | model, fitted at the same P (ms) | error |")
+    print("| ---: | --- | ---: | ---: | ---: |")
+    for r in sorted(checks, key=lambda r: (r["ranks"], r["exchange"])):
+        print("| %d | %s | %.2f | %.2f | %+.0f%% |" % (r["ranks"], r["exchange"], r["measured_s"] * 1e3, r["predicted_s"] * 1e3, r["error"] * 100))
+    # cross-P: the prediction made from the fit at P0 for the P of a check row
+    key = {"dense": "dense_s", "topk_0.010": "topk_0.01_s", "gtopk_0.010": "gtopk_0.01_s", "topk_0.001": "topk_0.001_s",
+           "gtopk_0.001": "gtopk_0.001_s", "csc_1pct": "csc_1pct_s"}
+    cross = []
+    for c in checks:
+        for p in preds:
+            if p["ranks"] == c["ranks"] and p["fitted_at_ranks"] != c["ranks"] and c["exchange"] in key and p["layout"] == c["layout"]:
+                cross.append((p["fitted_at_ranks"], c["ranks"], c["exchange"], c["measured_s"], p[key[c["exchange"]]]))
+    if cross:
+        print()
+        print("| fitted at P | predicted for P | exchange | measured (ms) | predicted (ms) | error |")
+        print("| ---: | ---: | --- | ---: | ---: | ---: |")
+        for f0, q, name, m, pr in sorted(cross):
+            print("| %d | %d | %s | %.2f | %.2f | %+.0f%% |" % (f0, q, name, m * 1e3, pr * 1e3, (pr / m - 1) * 100))
+    if out and preds:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        f0 = max(p["fitted_at_ranks"] for p in preds)
+        ps = sorted([p for p in preds if p["fitted_at_ranks"] == f0], key=lambda p: p["ranks"])
+        for k, lab in [("dense_s", "dense ring"), ("hierarchical8_s", "Hierarchical<8>"), ("topk_0.01_s", "TopK 1%"), ("gtopk_0.01_s", "GTopK 1%"),
+                       ("gtopk_0.001_s", "GTopK 0.1%"), ("csc_1pct_s", "CSC 1%")]:
+            ax.plot([p["ranks"] for p in ps], [p[k] * 1e3 for p in ps], marker="o", markersize=3, label=lab)
+        for c in checks:
+            if c["exchange"] in ("dense", "gtopk_0.010", "topk_0.010", "csc_1pct"):
+                ax.plot([c["ranks"]], [c["measured_s"] * 1e3], "kx")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("ranks P")
+        ax.set_ylabel("exchange time (ms), modelled")
+        ax.set_title("alpha-beta model fitted at P = %d (%s); x: measured" % (f0, ps[0]["layout"]), fontsize=9)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out, dpi=140)
+        print("wrote", out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["sweep", "table", "sparse", "kernels"])
+    ap.add_argument("kind", choices=["sweep", "table", "sparse", "kernels", "trace", "autotune", "model"])
     ap.add_argument("inputs", nargs="+")
     ap.add_argument("-o", "--output")
+    ap.add_argument("--iteration", type=int)
     a = ap.parse_args()
+    if a.kind == "trace":
+        if not a.output:
+            sys.exit("plot.py trace: pass -o FILE.png")
+        trace_plot(a.inputs[0], a.iteration, a.output)
+        return
     rows = load(a.inputs)
     if not rows:
         sys.exit("plot.py: no JSON rows in the inputs")
@@ -161,6 +303,10 @@ def main():
         sparse_table(rows)
     elif a.kind == "kernels":
         kernels_table(rows, a.output)
+    elif a.kind == "autotune":
+        autotune_table(rows, a.output)
+    elif a.kind == "model":
+        model_report(rows, a.output)
     else:
         if not a.output:
             sys.exit("plot.py sweep: pass -o FILE.png")

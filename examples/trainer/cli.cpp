@@ -50,6 +50,7 @@ std::string usage(const std::string& program) {
          "  --lars C               LARS with coefficient C (e.g. 0.02 with --lr 0.1); default off\n"
          "  --rho R                elastic coupling (EASGD binaries; default 0.9 / (lr * P))\n"
          "  --csv FILE             per-epoch rows (rank 0)\n"
+         "  --trace FILE           Chrome trace-event JSON of the exchanges, every rank (open in Perfetto; first ~260k events per rank)\n"
          "  --check-acc A          exit 3 unless the final test accuracy (percent) >= A and the training loss fell\n"
          "  --help\n";
 }
@@ -64,7 +65,7 @@ options parse_cli(int argc, const char* const* argv) {
     }
     static const char* const known[] = {"--data", "--epochs", "--batch", "--lr", "--momentum", "--weight-decay", "--seed", "--train-limit",
                                         "--warmup-iters", "--loss-scale", "--loss-scale-init", "--loss-scale-window", "--lars", "--rho",
-                                        "--csv", "--check-acc"};
+                                        "--csv", "--check-acc", "--trace"};
     bool is_known = false;
     for (const char* k : known) is_known = is_known || flag == k;
     if (!is_known)
@@ -79,6 +80,7 @@ options parse_cli(int argc, const char* const* argv) {
     else if (flag == "--warmup-iters") o.warmup_iters = static_cast<std::int64_t>(parse_count(flag, v, 0));
     else if (flag == "--loss-scale-window") o.loss_scale_window = static_cast<std::uint32_t>(parse_count(flag, v, 1));
     else if (flag == "--csv") o.csv = v;
+    else if (flag == "--trace") o.trace = v;
     else if (flag == "--loss-scale") {
       if (v == "auto") o.loss_scale = loss_scale_mode::automatic;
       else if (v == "none") o.loss_scale = loss_scale_mode::none;

@@ -6,11 +6,14 @@
 // and everything else (data, model, evaluation) comes from the gflow_trainer library.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include <gflow/exchanger.hpp>
+#include <gflow/timeline.hpp>
 #include <gflow/optim/loss_scale.hpp>
 #include <gflow/optim/momentum_sgd.hpp>
 #include <gflow/plan/density.hpp>
@@ -40,6 +43,13 @@ void train(session& s) {
   gflow::optim::dynamic_loss_scale scaler(loss_scale_for<exchanger_t>(o));
   gflow::optim::momentum_sgd opt(ex.pool_size(), o.lr, o.momentum);
 
+  std::optional<gflow::timeline> trace;  // --trace FILE
+  if (!o.trace.empty()) {
+    trace.emplace(std::size_t{1} << 18);
+    ex.set_timeline(&*trace);
+    trace->start(ex.transport());
+  }
+
   const grad_sink sink{[&](std::size_t i) { return ex.view(i); }, [&](std::size_t i) { ex.ready(i); }};
   std::span<float> w = s.params();
   const std::span<float> g{ex.pool_data(), ex.pool_size()};
@@ -58,6 +68,12 @@ void train(session& s) {
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     st.iterations = s.iterations_per_epoch();
     s.end_epoch(epoch, w, st);
+  }
+  if (trace) {
+    ex.set_timeline(nullptr);
+    trace->write_chrome_trace(ex.transport(), o.trace);
+    if (ex.transport().rank() == 0 && trace->dropped() > 0)
+      std::fprintf(stderr, "trace: the first %zu events per rank are in %s (%zu later ones did not fit)\n", trace->size(), o.trace.c_str(), trace->dropped());
   }
 }
 

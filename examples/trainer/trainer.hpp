@@ -37,6 +37,7 @@ struct options {
   float rho = 0.0f;                // EASGD coupling; 0: 0.9 / (lr * P)
   double check_acc = -1.0;         // >= 0: exit 3 unless final accuracy >= this and the loss fell
   std::string csv;                 // per-epoch rows (rank 0)
+  std::string trace;               // Chrome trace of the exchanges (every rank, written by rank 0)
   bool help = false;
 };
 

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <istream>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <span>
@@ -32,6 +33,8 @@
 #include "layout.hpp"
 #include "plan/buckets.hpp"
 #include "plan/pool.hpp"
+#include "timeline.hpp"
+#include "tuner.hpp"
 #include "transport/transport.hpp"
 
 namespace gflow {
@@ -115,9 +118,10 @@ class basic_exchanger {
     ready_.assign(layout_.size(), 0);
     plan(opt_.threshold_bytes.value_or(Set::fusion::threshold_bytes),
          opt_.first_bucket_bytes.value_or(Set::fusion::first_bucket_bytes), /*allow_zero=*/!opt_.threshold_bytes);
-    cx_ = context_t{t_, &engine_, &kernels_, &layout_, &pool_, &buckets_, grads_.data(), opt_.average, &iteration_, &threshold_};
+    cx_ = context_t{t_, &engine_, &kernels_, &layout_, &pool_, &buckets_, grads_.data(), opt_.average, &iteration_, &threshold_, &trace_};
     sparsifier_.emplace(cx_);
     runner_.emplace(cx_, *sparsifier_);
+    if constexpr (autotuned) start_tuner();
   }
 
   basic_exchanger(const basic_exchanger&) = delete;
@@ -141,6 +145,7 @@ class basic_exchanger {
                                      std::to_string(iteration_) + ".",
                         "call ready(i) once per tensor per iteration; finish() starts the next iteration.");
     ready_[i] = 1;
+    if (trace_) [[unlikely]] trace_ready(i);
     ++ready_count_;
     advance();
   }
@@ -162,6 +167,7 @@ class basic_exchanger {
   /// Completes the iteration; the averaged (or summed) gradients are then in the views,
   /// identical on every rank. Check status.finite() before applying them.
   [[nodiscard]] exchange_status finish() {
+    const std::int64_t finish_begin = trace_ ? timeline::now_ns() : 0;
     if (ready_count_ != layout_.size()) {
       std::size_t first = 0;
       while (ready_[first]) ++first;
@@ -185,7 +191,9 @@ class basic_exchanger {
     else
       st.collectives = buckets_.size();
     st.wire_bytes = sparsifier_->wire_bytes();
+    if (trace_) [[unlikely]] trace_finish(finish_begin);
     reset_iteration();
+    if constexpr (autotuned) tune();
     return st;
   }
 
@@ -216,6 +224,32 @@ class basic_exchanger {
   [[nodiscard]] sparsifier_t& sparsifier() noexcept { return *sparsifier_; }
   [[nodiscard]] const sparsifier_t& sparsifier() const noexcept { return *sparsifier_; }
 
+  // ---- timeline (gflow/timeline.hpp) -------------------------------------------------------------
+  /// Records this exchanger's events into `tl` (null: off, the default). Between iterations; `tl`
+  /// must outlive the exchanger or be detached first.
+  void set_timeline(timeline* tl) {
+    between_iterations("set_timeline");
+    if constexpr (autotuned) {
+      tuned_mark_ = tl ? tl->size() : 0;
+      trace_ = tl ? tl : own_timeline_.get();  // Fusion<Auto> measures through a timeline of its own otherwise
+    } else {
+      trace_ = tl;
+    }
+  }
+  [[nodiscard]] timeline* attached_timeline() const noexcept {
+    if constexpr (autotuned) return trace_ == own_timeline_.get() ? nullptr : trace_;
+    else return trace_;
+  }
+
+  // ---- auto-tuner (Fusion<Auto>, gflow/tuner.hpp) --------------------------------------------------
+  static constexpr bool autotuned = requires { requires Set::fusion::autotuned; };
+  /// The tuner (Fusion<Auto> only): its phase, fitted alpha-beta and retune count.
+  [[nodiscard]] const detail::fusion_tuner& tuner() const noexcept
+    requires autotuned
+  {
+    return *tuner_;
+  }
+
   // ---- checkpoint (docs/DESIGN.md, "Checkpoints") ----------------------------------------------
   /// Writes this rank's state to `out`: everything that determines future gradients (the
   /// iteration counter that drives warm-up and density schedules, the fusion numbers, a Hybrid
@@ -234,6 +268,10 @@ class basic_exchanger {
     if constexpr (topology_has_state) engine_.save_state(w);
     w.tag(detail::section_tag("SPRS"));
     sparsifier_->save_state(w);
+    if constexpr (autotuned) {  // only Fusion<Auto> compositions have this section
+      w.tag(detail::section_tag("TUNE"));
+      tuner_->save_state(w);
+    }
     w.checksum();
     w.finish();
   }
@@ -262,6 +300,14 @@ class basic_exchanger {
     }();
     r.expect_tag(detail::section_tag("SPRS"), "SPRS");
     auto sparse = sparsifier_->read_state(r);
+    auto tuned = [&] {
+      if constexpr (autotuned) {
+        r.expect_tag(detail::section_tag("TUNE"), "TUNE");
+        return tuner_->read_state(r);
+      } else {
+        return 0;
+      }
+    }();
     r.verify_checksum("payload");
     // Everything is read and valid: apply it.
     if (buckets) {
@@ -275,6 +321,13 @@ class basic_exchanger {
     else (void)topo;
     sparsifier_->restore_state(std::move(sparse));
     iteration_ = iteration;
+    if constexpr (autotuned) {
+      tuner_->restore_state(tuned);
+      const auto p = tuner_->current();
+      if (p.threshold != threshold_ || p.first != first_bucket_) set_fusion(p.threshold, p.first);
+    } else {
+      (void)tuned;
+    }
   }
 
  private:
@@ -330,8 +383,59 @@ class basic_exchanger {
   // Hands bucket b to the Overlap policy's runner: exchanged here (None), or posted to the
   // issuing thread(s). Stream-ordered backends queue it on the transport's stream.
   void launch(std::size_t b) {
+    if (trace_) [[unlikely]]
+      trace_->instant(trace_kind::launch, static_cast<std::uint32_t>(b), iteration_, buckets_[b].count * sizeof(wire_t));
     kernels_.order_after_producer();
     runner_->post(b);
+  }
+
+  void trace_ready(std::size_t i) {
+    const std::int64_t t = timeline::now_ns();
+    if (ready_count_ == 0) iteration_begin_ = t;
+    trace_->span(trace_kind::ready, static_cast<std::uint32_t>(i), iteration_, t, t);
+  }
+  void trace_finish(std::int64_t begin) {
+    const std::int64_t t = timeline::now_ns();
+    trace_->span(trace_kind::finish, 0, iteration_, begin, t);
+    trace_->span(trace_kind::iteration, 0, iteration_, iteration_begin_, t);
+  }
+
+  void start_tuner() {
+    // 4 events per tensor and 8 per bucket (at most one bucket per tensor) for one iteration
+    own_timeline_ = std::make_unique<timeline>(12 * layout_.size() + 64);
+    if (!trace_) trace_ = own_timeline_.get();
+    tuner_.emplace(layout_, pool_, sizeof(wire_t), threshold_);
+    if (tuner_->current().threshold != threshold_) set_fusion(tuner_->current().threshold, tuner_->current().first);
+  }
+
+  // After finish(): this rank's measurements of the iteration (from the timeline) to the tuner,
+  // which answers with the plan every rank uses next (collective, identical on every rank).
+  void tune() {
+    timeline& tl = *trace_;
+    const std::size_t n = layout_.size();
+    sample_.ready_s.assign(n, 0.0);
+    sample_.bucket_s.assign(buckets_.size(), 0.0);
+    sample_.iteration_s = 0;
+    std::int64_t first = 0;
+    const std::uint64_t it = iteration_ - 1;
+    for (std::size_t e = tuned_mark_; e < tl.size(); ++e) {
+      const auto& ev = tl[e];
+      if (ev.iteration != it) continue;
+      if (ev.kind == trace_kind::iteration) {
+        first = ev.begin_ns;
+        sample_.iteration_s = static_cast<double>(ev.end_ns - ev.begin_ns) * 1e-9;
+      }
+    }
+    for (std::size_t e = tuned_mark_; e < tl.size(); ++e) {
+      const auto& ev = tl[e];
+      if (ev.iteration != it) continue;
+      if (ev.kind == trace_kind::ready && ev.id < n) sample_.ready_s[ev.id] = static_cast<double>(ev.begin_ns - first) * 1e-9;
+      else if (ev.kind == trace_kind::bucket && ev.id < buckets_.size()) sample_.bucket_s[ev.id] = static_cast<double>(ev.end_ns - ev.begin_ns) * 1e-9;
+    }
+    if (trace_ == own_timeline_.get()) tl.clear();
+    tuned_mark_ = tl.size();
+    const auto p = tuner_->step(*t_, sample_, buckets_.size());
+    if (p.threshold != threshold_ || p.first != first_bucket_) set_fusion(p.threshold, p.first);
   }
 
   void reset_iteration() {
@@ -360,6 +464,13 @@ class basic_exchanger {
   std::size_t threshold_ = 0;
   std::size_t first_bucket_ = 0;  // as planned (for checkpoints)
   std::uint64_t iteration_ = 0;
+  timeline* trace_ = nullptr;         // null: no timeline (one branch per hook)
+  std::int64_t iteration_begin_ = 0;  // timeline: the iteration's first ready()
+  // Fusion<Auto> only
+  std::unique_ptr<timeline> own_timeline_;
+  std::optional<detail::fusion_tuner> tuner_;
+  tuner_sample sample_;
+  std::size_t tuned_mark_ = 0;
 };
 
 /// A policy composition. `Exchanger<...>::on<Transport>` is the object a trainer uses.

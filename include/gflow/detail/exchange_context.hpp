@@ -10,6 +10,7 @@
 #include "../layout.hpp"
 #include "../plan/buckets.hpp"
 #include "../plan/pool.hpp"
+#include "../timeline.hpp"
 
 namespace gflow::detail {
 
@@ -31,6 +32,10 @@ struct exchange_context {
   bool average;
   const std::uint64_t* iteration;        // the exchanger's iteration counter (warm-up schedules)
   const std::size_t* threshold_bytes;    // 0: no fusion (one bucket per tensor)
+  timeline* const* trace = nullptr;     // the exchanger's timeline pointer (null: off)
+
+  /// The attached timeline, or null (one load and a branch per use).
+  [[nodiscard]] timeline* tracer() const noexcept { return trace ? *trace : nullptr; }
 
   [[nodiscard]] bool fused() const { return *threshold_bytes != 0; }
 
@@ -43,7 +48,9 @@ struct exchange_context {
   /// non-blocking collective; complete() waits for it, casts back and averages.
   request dense_start(float* g, std::size_t n, W* wire) {
     if constexpr (narrow) {
+      stage_clock sc(tracer());
       kernels->scale_to_wire(g, wire, n, mean_scale());
+      sc.lap(trace_kind::cast, 0, *iteration, n * sizeof(W));
       return topology->start(wire, n);
     } else {
       (void)wire;
@@ -51,8 +58,15 @@ struct exchange_context {
     }
   }
   void dense_complete(float* g, std::size_t n, W* wire, request& r) {
+    stage_clock sc(tracer());
     if constexpr (!Backend::stream_ordered) topology->wait(r);
     else (void)r;
+    sc.lap(trace_kind::collective, 0, *iteration, n * sizeof(W));
+    struct widen_lap {
+      stage_clock& c;
+      std::uint64_t it, bytes;
+      ~widen_lap() { c.lap(trace_kind::widen, 0, it, bytes); }
+    } wl{sc, *iteration, n * sizeof(W)};
     if constexpr (narrow) {
       kernels->wire_to_float(wire, g, n);
     } else {
@@ -67,16 +81,22 @@ struct exchange_context {
   /// Host backends complete before returning; stream-ordered (CUDA) backends queue the work.
   void dense_allreduce(float* g, std::size_t n, W* wire) {
     const float inv = mean_scale();
+    stage_clock sc(tracer());
+    const std::uint64_t it = *iteration, bytes = n * sizeof(W);
     if constexpr (narrow) {
       kernels->scale_to_wire(g, wire, n, inv);  // divide before the cast: the sum cannot overflow where fp32's would not
+      sc.lap(trace_kind::cast, 0, it, bytes);
       run(wire, n);
+      sc.lap(trace_kind::collective, 0, it, bytes);
       kernels->wire_to_float(wire, g, n);       // counts inf / NaN
     } else {
       (void)wire;
       run(g, n);
+      sc.lap(trace_kind::collective, 0, it, bytes);
       if (average) kernels->scale_in_place(g, n, inv);  // counts inf / NaN
       else kernels->count_nonfinite(g, n);
     }
+    sc.lap(trace_kind::widen, 0, it, bytes);
   }
 
   /// Sums buf[0, n) over every rank in place through the topology, nothing else: host backends

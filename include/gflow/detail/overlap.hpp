@@ -15,8 +15,23 @@
 #include <vector>
 
 #include "../policies/overlap.hpp"
+#include "../timeline.hpp"
 
 namespace gflow::detail {
+
+// Runs f (bucket b's exchange) and, when a timeline is attached, records its span.
+template <class Ctx, class F>
+void traced_bucket(const Ctx& cx, std::size_t b, F&& f) {
+  timeline* tl = cx.tracer();
+  if (!tl) [[likely]] {
+    f();
+    return;
+  }
+  const std::int64_t t0 = timeline::now_ns();
+  f();
+  tl->span(trace_kind::bucket, static_cast<std::uint32_t>(b), *cx.iteration, t0, timeline::now_ns(),
+           (*cx.buckets)[b].count * sizeof(typename Ctx::wire_type));
+}
 
 // One issuing thread that runs work(j) for j = 0, 1, 2, ... as they are posted.
 class issuing_thread {
@@ -85,13 +100,14 @@ class overlap_runner;
 template <class Ctx, class Eng>
 class overlap_runner<None, Ctx, Eng> {
  public:
-  overlap_runner(Ctx&, Eng& e) : e_(&e) {}
-  void post(std::size_t b) { e_->exchange(b); }
+  overlap_runner(Ctx& cx, Eng& e) : cx_(&cx), e_(&e) {}
+  void post(std::size_t b) { traced_bucket(*cx_, b, [&] { e_->exchange(b); }); }
   void drain() {}
   void replan() {}
   std::size_t take_nonfinite() { return 0; }
 
  private:
+  Ctx* cx_;
   Eng* e_;
 };
 
@@ -99,13 +115,14 @@ class overlap_runner<None, Ctx, Eng> {
 template <class Ctx, class Eng>
 class overlap_runner<Funneled, Ctx, Eng> {
  public:
-  overlap_runner(Ctx&, Eng& e) : e_(&e), th_([this](std::size_t b) { e_->exchange(b); }) {}
+  overlap_runner(Ctx& cx, Eng& e) : cx_(&cx), e_(&e), th_([this](std::size_t b) { traced_bucket(*cx_, b, [&] { e_->exchange(b); }); }) {}
   void post(std::size_t) { th_.post(); }
   void drain() { th_.drain(); }
   void replan() {}
   std::size_t take_nonfinite() { return 0; }
 
  private:
+  Ctx* cx_;
   Eng* e_;
   issuing_thread th_;
 };
@@ -127,7 +144,10 @@ class overlap_runner<Concurrent<N>, Ctx, Eng> {
       cx.topology = &topo;
       cx.kernels = &kernels;
       eng.emplace(cx);
-      th.emplace([this, k, stride](std::size_t j) { eng->exchange(static_cast<std::size_t>(k) + j * stride); });
+      th.emplace([this, k, stride](std::size_t j) {
+        const std::size_t b = static_cast<std::size_t>(k) + j * stride;
+        traced_bucket(cx, b, [&] { eng->exchange(b); });
+      });
     }
     T comm;
     Topo topo;
@@ -204,6 +224,7 @@ class overlap_runner<Chained, Ctx, Eng> {
   void replan() {
     std::lock_guard lk(m_);
     requests_.assign(cx_->buckets->size(), request{});
+    started_at_.assign(cx_->buckets->size(), 0);
   }
   std::size_t take_nonfinite() { return 0; }
 
@@ -217,12 +238,16 @@ class overlap_runner<Chained, Ctx, Eng> {
         if (started_ < posted_) {  // start every bucket that is ready before completing any
           const std::size_t b = started_++;
           lk.unlock();
+          if (cx_->tracer()) started_at_[b] = timeline::now_ns();
           requests_[b] = e_->start(b);
           lk.lock();
         } else {
           const std::size_t b = completed_;
           lk.unlock();
           e_->complete(b, requests_[b]);
+          if (timeline* tl = cx_->tracer())
+            tl->span(trace_kind::bucket, static_cast<std::uint32_t>(b), *cx_->iteration, started_at_[b], timeline::now_ns(),
+                     (*cx_->buckets)[b].count * sizeof(typename Ctx::wire_type));
           lk.lock();
           ++completed_;
           done_cv_.notify_all();
@@ -238,6 +263,7 @@ class overlap_runner<Chained, Ctx, Eng> {
   Ctx* cx_;
   Eng* e_;
   std::vector<request> requests_;
+  std::vector<std::int64_t> started_at_;  // timeline: when each bucket's start() began
   std::mutex m_;
   std::condition_variable cv_, done_cv_;
   std::size_t posted_ = 0, started_ = 0, completed_ = 0;

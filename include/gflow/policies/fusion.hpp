@@ -13,13 +13,21 @@
 
 namespace gflow {
 
+/// Fusion<Auto>: the threshold and first bucket are chosen, and re-chosen when measurements
+/// drift, by the auto-tuner (gflow/tuner.hpp), from the fitted alpha-beta cost of the buckets and
+/// the times at which tensors become ready. It starts from 4 MiB.
+inline constexpr std::size_t Auto = ~std::size_t{0};
+
 template <std::size_t ThresholdBytes, std::size_t FirstBucketBytes = 0>
 struct Fusion {
   static_assert(ThresholdBytes > 0,
                 "gflow::Fusion<0>: the fusion threshold must be positive. "
                 "To exchange one collective per tensor, leave Fusion out of the Exchanger.");
+  static_assert(ThresholdBytes != Auto || FirstBucketBytes == 0,
+                "gflow::Fusion<Auto, first>: the auto-tuner chooses the first bucket too. Write Fusion<Auto>.");
   using gflow_family = fusion_family;
-  static constexpr std::size_t threshold_bytes = ThresholdBytes;
+  static constexpr bool autotuned = ThresholdBytes == Auto;
+  static constexpr std::size_t threshold_bytes = autotuned ? (std::size_t{4} << 20) : ThresholdBytes;
   static constexpr std::size_t first_bucket_bytes = FirstBucketBytes;
 };
 
@@ -39,5 +47,6 @@ concept fusion_policy = std::same_as<typename P::gflow_family, fusion_family> &&
 static_assert(fusion_policy<NoFusion>);
 static_assert(fusion_policy<Fusion<4 << 20>>);
 static_assert(fusion_policy<Fusion<25 << 20, 1 << 20>>);
+static_assert(fusion_policy<Fusion<Auto>>);
 
 }  // namespace gflow

@@ -97,6 +97,7 @@
 #include "../kernels/topk.hpp"
 #include "../plan/density.hpp"
 #include "../plan/tree.hpp"
+#include "../timeline.hpp"
 #include "family.hpp"
 #include "sparsifier.hpp"
 
@@ -411,12 +412,14 @@ class topk_engine {
     const std::size_t mb = kernels::message_bytes(k, sizeof(I), sizeof(W));
     auto& kern = *cx_->kernels;
     float* res = residual_.data();  // holds G from here until take_selected
+    detail::stage_clock sc(cx_->tracer());  // timeline: the selection (a span when one is attached)
     const auto sel = kern.accumulate_select_topk(cx_->grads + off, res + off, n, k, off, L.mine_idx.data(), ws_);
     count_path(sel.path);
     const std::size_t cnt = sel.count;
     // More inf/NaN than the selection holds: the rest must not stay in the residual (decided on
     // G, before the take overwrites the selected elements).
     kern.take_selected_dropping(res, off, n, L.mine_idx.data(), cnt, L.mine_val.data(), scale_, unscale_, ws_);
+    sc.lap(trace_kind::select, 0, *cx_->iteration, n * sizeof(W));
     if constexpr (on_host) {
       for (std::size_t j = 0; j < cnt; ++j) selected_[selected_n_ + j] = static_cast<std::uint64_t>(L.mine_idx.data()[j]);
       selected_n_ += cnt;
@@ -457,7 +460,9 @@ class topk_engine {
     T& t = *cx_->transport;
     const int P = t.size();
     kern.pack(send_msg_.data(), k, L.mine_idx.data(), L.mine_val.data(), cnt);
+    detail::stage_clock sc(cx_->tracer());
     t.all_gather(send_msg_.data(), gather_.data(), mb);
+    sc.lap(trace_kind::collective, 0, *cx_->iteration, mb);
     wire_bytes_ += mb;
     // Validate all P messages before the pool is touched (device memory: each verdict comes to
     // the host, the entries stay on the device).
@@ -512,6 +517,7 @@ class topk_engine {
     kern.copy_n(L.cur_idx.data(), L.mine_idx.data(), cnt);
     kern.copy_n(L.cur_val.data(), L.mine_val.data(), cnt);
     std::size_t cur = cnt;
+    detail::stage_clock sc(cx_->tracer());  // timeline: the tree's rounds and the broadcast, as one collective span
     kernels::message_header mark{};  // status != 0 once this rank saw a bad message (or a marked one)
     kernels::unpack_result own{};    // what this rank itself rejected
     int own_peer = -1;
@@ -554,6 +560,7 @@ class topk_engine {
     if (rank == 0) kern.pack(bcast_msg_.data(), k, L.cur_idx.data(), L.cur_val.data(), mark.status ? 0 : cur, mark);
     else kern.pack(bcast_msg_.data(), k, L.cur_idx.data(), L.cur_val.data(), 0);  // overwritten by the broadcast
     t.broadcast(bcast_msg_.data(), mb, 0);
+    sc.lap(trace_kind::collective, 0, *cx_->iteration, mb);
     wire_bytes_ += mb;
     // The global list, into tmp (cur is no longer needed).
     const auto F = kern.unpack_checked(bcast_msg_.data(), k, off, off + n, L.tmp_idx.data(), L.tmp_val.data(), ws_);

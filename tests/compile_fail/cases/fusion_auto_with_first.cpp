@@ -1,0 +1,4 @@
+// build error: gflow::Fusion<Auto, first>: the auto-tuner chooses the first bucket too. Write Fusion<Auto>.
+#include <gflow/policies/fusion.hpp>
+
+static_assert(sizeof(gflow::Fusion<gflow::Auto, 1024>) > 0);
