@@ -25,6 +25,7 @@
 // topk.hpp (TopK, GTopK), which include this header; detail/policy_set.hpp includes all three.
 #include <concepts>
 #include <cstddef>
+#include <type_traits>
 
 #include "../detail/archetype_context.hpp"
 #include "../detail/concepts.hpp"
@@ -78,10 +79,20 @@ static_assert(detail::sparsifier_engine<Dense::engine<detail::archetype_context<
                   detail::sparsifier_engine<Dense::engine<detail::archetype_context<half>>, detail::archetype_context<half>>,
               "gflow::Dense::engine must meet gflow::detail::sparsifier_engine");
 
+/// A sparsification scheme: a class whose member template engine<Ctx> is the engine over an
+/// exchange context (Dense, CSC<chunk, percent>, TopK<d>, GTopK<d>, or one's own; the engine's
+/// contract is detail::sparsifier_engine).
+template <class S>
+concept sparsifier_scheme = requires { typename S::template engine<detail::archetype_context<>>; };
+
 template <class S = Dense>
 struct Sparsifier {
+  static_assert(sparsifier_scheme<S>,
+                "gflow::Sparsifier<S>: S is not a sparsification scheme. "
+                "Use gflow::Dense, gflow::CSC<chunk_elems, percent>, gflow::TopK<density> or gflow::GTopK<density>.");
   using gflow_family = sparsifier_family;
-  using scheme = S;
+  // Dense for a wrong S keeps Sparsifier<not-a-scheme> down to the one static_assert above.
+  using scheme = std::conditional_t<sparsifier_scheme<S>, S, Dense>;
   static constexpr bool dense = std::same_as<S, Dense>;
 };
 

@@ -46,6 +46,7 @@
 //   Every rank must use the same threshold, or ranks pick different algorithms for the same
 //   message; change it between iterations only.
 #include <concepts>
+#include <type_traits>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -278,10 +279,20 @@ struct Hybrid {
   };
 };
 
+/// A topology algorithm: a class whose member template engine<Transport> is the engine over a
+/// transport (Ring, Hierarchical<g>, Hybrid<bytes, g>, or one's own; the engine's contract is
+/// detail::topology_engine).
+template <class A>
+concept topology_algorithm = requires { typename A::template engine<transport_archetype<>>; };
+
 template <class Algo = Ring>
 struct Topology {
+  static_assert(topology_algorithm<Algo>,
+                "gflow::Topology<A>: A is not a topology algorithm. "
+                "Use gflow::Ring, gflow::Hierarchical<group_size> or gflow::Hybrid<threshold_bytes, group_size>.");
   using gflow_family = topology_family;
-  using algorithm = Algo;
+  // Ring for a wrong A keeps Topology<not-an-algorithm> down to the one static_assert above.
+  using algorithm = std::conditional_t<topology_algorithm<Algo>, Algo, Ring>;
 };
 
 template <class P>
