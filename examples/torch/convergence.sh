@@ -6,7 +6,6 @@
 # standard deviation, difference to dense with its uncertainty) and docs/convergence_torch.png.
 #
 #   bash examples/torch/convergence.sh [--epochs N] [--seeds "1 2 3"] [--build DIR] [--only "torch_dense ..."]
-# Each run takes the CPU lock of /work/q.sh when that script exists (shared machine).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 epochs=3
@@ -25,8 +24,6 @@ done
 for r in "${runs[@]}"; do
   [[ -x "$build/examples/$r" ]] || { echo "convergence.sh: $build/examples/$r is missing: cmake --build $build --target ${runs[*]}" >&2; exit 2; }
 done
-lock=()
-[[ -f /work/q.sh ]] && lock=(bash /work/q.sh build)
 export OMPI_MCA_rmaps_base_oversubscribe=1
 mpi_flags=(--bind-to none)
 if [[ "$(id -u)" == 0 ]]; then mpi_flags+=(--allow-run-as-root); fi
@@ -40,7 +37,7 @@ for s in "${seed_list[@]}"; do
   for r in "${runs[@]}"; do
     k=$((k + 1))
     echo "convergence: [$k/$total] $r seed $s, 4 ranks, $epochs epochs (elapsed $((SECONDS - start)) s)" >&2
-    "${lock[@]}" mpiexec "${mpi_flags[@]}" -n 4 "$build/examples/$r" --epochs "$epochs" --seed "$s" --csv "$out/${r}_s$s.csv" >"$out/${r}_s$s.log"
+    mpiexec "${mpi_flags[@]}" -n 4 "$build/examples/$r" --epochs "$epochs" --seed "$s" --csv "$out/${r}_s$s.csv" >"$out/${r}_s$s.log"
     grep RESULT "$out/${r}_s$s.log" >&2
   done
 done
