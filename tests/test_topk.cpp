@@ -692,11 +692,11 @@ TEST_CASE("the gathering pass: AVX2 and the scalar twin append the same candidat
 
 TEST_CASE_TEMPLATE("pack / unpack_checked round trip and every rejection", I, std::uint32_t, std::uint64_t) {
   const std::size_t k = 5;
-  std::vector<unsigned char> msg(k_::message_bytes(k, sizeof(I), sizeof(float)));
+  std::vector<unsigned char> msg(gflow::sparse_message::bytes(k, sizeof(I), sizeof(float)));
   CHECK(msg.size() == 24 + 5 * (sizeof(I) + 4));
   const I idx[] = {10, 12, 19};
   const float val[] = {1.5f, -2.0f, 0.25f};
-  k_::pack(msg.data(), k, idx, val, 3);
+  gflow::sparse_message::pack(msg.data(), k, idx, val, 3);
   I ri[k];
   float rv[k];
   auto r = k_::unpack_checked(msg.data(), k, 10, 20, ri, rv);
@@ -705,7 +705,7 @@ TEST_CASE_TEMPLATE("pack / unpack_checked round trip and every rejection", I, st
   CHECK(ri[2] == 19);
   CHECK(rv[1] == -2.0f);
 
-  auto rejected = [&](std::vector<unsigned char> m, k_::message_fault f, std::uint64_t lo = 10, std::uint64_t hi = 20) {
+  auto rejected = [&](std::vector<unsigned char> m, gflow::sparse_message::fault_code f, std::uint64_t lo = 10, std::uint64_t hi = 20) {
     I si[k];
     float sv[k];
     std::fill(si, si + k, I{77});
@@ -715,49 +715,49 @@ TEST_CASE_TEMPLATE("pack / unpack_checked round trip and every rejection", I, st
     CHECK(rr.count == 0);
     CHECK(std::all_of(si, si + k, [](I x) { return x == 77; }));  // nothing written on rejection
     CHECK(std::all_of(sv, sv + k, [](float x) { return x == 77.0f; }));
-    CHECK(!k_::describe(rr, k, lo, hi).empty());
+    CHECK(!gflow::sparse_message::describe(rr, k, lo, hi).empty());
   };
-  rejected(msg, k_::message_fault::index, 11, 20);  // 10 below lo
-  rejected(msg, k_::message_fault::index, 10, 19);  // 19 at hi
+  rejected(msg, gflow::sparse_message::fault_code::index, 11, 20);  // 10 below lo
+  rejected(msg, gflow::sparse_message::fault_code::index, 10, 19);  // 19 at hi
   {
     auto m = msg;
     const std::uint64_t c = 6;
     std::memcpy(m.data(), &c, 8);
-    rejected(m, k_::message_fault::count);
+    rejected(m, gflow::sparse_message::fault_code::count);
   }
   {
     const I dup[] = {10, 12, 12};
     auto m = msg;
-    k_::pack(m.data(), k, dup, val, 3);
-    rejected(m, k_::message_fault::order);
+    gflow::sparse_message::pack(m.data(), k, dup, val, 3);
+    rejected(m, gflow::sparse_message::fault_code::order);
     const I down[] = {10, 14, 12};
-    k_::pack(m.data(), k, down, val, 3);
-    rejected(m, k_::message_fault::order);
+    gflow::sparse_message::pack(m.data(), k, down, val, 3);
+    rejected(m, gflow::sparse_message::fault_code::order);
   }
   {
     const float bad[] = {1.0f, std::nanf(""), 2.0f};
     auto m = msg;
-    k_::pack(m.data(), k, idx, bad, 3);
-    rejected(m, k_::message_fault::value);
+    gflow::sparse_message::pack(m.data(), k, idx, bad, 3);
+    rejected(m, gflow::sparse_message::fault_code::value);
     const float inf[] = {1.0f, std::numeric_limits<float>::infinity(), 2.0f};
-    k_::pack(m.data(), k, idx, inf, 3);
+    gflow::sparse_message::pack(m.data(), k, idx, inf, 3);
     CHECK(k_::unpack_checked(m.data(), k, 10, 20, ri, rv).ok());  // inf is a value, reported by finish()
   }
   {
     auto m = msg;
-    k_::pack(m.data(), k, idx, val, 3, k_::message_header{0, 2, 4, 5, 1});
-    rejected(m, k_::message_fault::status);
+    gflow::sparse_message::pack(m.data(), k, idx, val, 3, gflow::sparse_message::header{0, 2, 4, 5, 1});
+    rejected(m, gflow::sparse_message::fault_code::status);
   }
   // 16-bit NaN values are rejected too
-  std::vector<unsigned char> m16(k_::message_bytes(k, sizeof(I), 2));
+  std::vector<unsigned char> m16(gflow::sparse_message::bytes(k, sizeof(I), 2));
   const half hv[] = {k_::to_half(1.0f), half{0x7e00}, k_::to_half(2.0f)};
-  k_::pack(m16.data(), k, idx, hv, 3);
+  gflow::sparse_message::pack(m16.data(), k, idx, hv, 3);
   half hr[k];
-  CHECK(k_::unpack_checked(m16.data(), k, 10, 20, ri, hr).fault == k_::message_fault::value);
+  CHECK(k_::unpack_checked(m16.data(), k, 10, 20, ri, hr).fault == gflow::sparse_message::fault_code::value);
   const bfloat16 bv[] = {k_::to_bfloat16(1.0f), k_::to_bfloat16(2.0f), bfloat16{0x7fc1}};
-  k_::pack(m16.data(), k, idx, bv, 3);
+  gflow::sparse_message::pack(m16.data(), k, idx, bv, 3);
   bfloat16 br[k];
-  CHECK(k_::unpack_checked(m16.data(), k, 10, 20, ri, br).fault == k_::message_fault::value);
+  CHECK(k_::unpack_checked(m16.data(), k, 10, 20, ri, br).fault == gflow::sparse_message::fault_code::value);
 }
 
 TEST_CASE_TEMPLATE("merge_topk equals Definition 1 by brute force; records hold what was dropped or rounded", W, float, half) {
@@ -954,8 +954,8 @@ TEST_CASE("mock: GTopK rank 0 merges the queued messages exactly as Definition 1
   mock::transport m(4, 0);
   on_mock<Exchanger<Sparsifier<GTopK<0.2>>>> ex(m, l);
   auto push = [&](std::vector<std::uint32_t> idx, std::vector<float> val) {
-    std::vector<unsigned char> msg(k_::message_bytes(2, 4, 4));
-    k_::pack(msg.data(), 2, idx.data(), val.data(), idx.size());
+    std::vector<unsigned char> msg(gflow::sparse_message::bytes(2, 4, 4));
+    gflow::sparse_message::pack(msg.data(), 2, idx.data(), val.data(), idx.size());
     m.calls().inbox.push_back(msg);
   };
   push({2, 7}, {5.0f, -1.0f});   // from rank 1
@@ -990,8 +990,8 @@ TEST_CASE("mock: a merge that drops a value whose index reaches the global top-k
   mock::transport m(4, 0);
   on_mock<Exchanger<Sparsifier<GTopK<0.125>>>> ex(m, l);
   auto push = [&](std::uint32_t i, float v) {
-    std::vector<unsigned char> msg(k_::message_bytes(1, 4, 4));
-    k_::pack(msg.data(), 1, &i, &v, 1);
+    std::vector<unsigned char> msg(gflow::sparse_message::bytes(1, 4, 4));
+    gflow::sparse_message::pack(msg.data(), 1, &i, &v, 1);
     m.calls().inbox.push_back(msg);
   };
   push(5, 1.0f);
@@ -1322,9 +1322,9 @@ TEST_CASE("bad input: GTopK rejects a malformed received message, marks what it 
   auto l = Layout::from_sizes({100});
   const std::size_t k = 10, mb = 24 + k * 8;
   using E = Exchanger<Sparsifier<GTopK<0.1>>>;
-  auto msg = [&](std::vector<std::uint32_t> idx, std::vector<float> val, k_::message_header h = {}) {
+  auto msg = [&](std::vector<std::uint32_t> idx, std::vector<float> val, gflow::sparse_message::header h = {}) {
     std::vector<unsigned char> m(mb);
-    k_::pack(m.data(), k, idx.data(), val.data(), idx.size(), h);
+    gflow::sparse_message::pack(m.data(), k, idx.data(), val.data(), idx.size(), h);
     return m;
   };
   SUBCASE("rank 0 of 6 rejects rank 2's message in round 1") {
@@ -1353,7 +1353,7 @@ TEST_CASE("bad input: GTopK rejects a malformed received message, marks what it 
   SUBCASE("a rank told by the broadcast that another rank rejected a message") {
     mock::transport m(6, 0);
     on_mock<E> ex(m, l);
-    m.calls().inbox.push_back(msg({}, {}, k_::message_header{0, 3, 2, 3, 0}));  // rank 2 found a duplicate from rank 3
+    m.calls().inbox.push_back(msg({}, {}, gflow::sparse_message::header{0, 3, 2, 3, 0}));  // rank 2 found a duplicate from rank 3
     expect_parse_error([&] { ex.ready(0); }, "index", "in merge round 0, rank 2 rejected the message from rank 3 (its index)");
   }
   SUBCASE("count above k from a peer") {

@@ -6,7 +6,7 @@
 //   variant as in fuzz_sparse_decode (bit 0: u32/u64 indices; (variant >> 1) % 3: fp32/fp16/bf16)
 //   mode 0 (raw): the two messages are the next 2 * message_bytes(k) bytes (zeros past the end)
 //   mode 1 (built): each list is [count u8][count x (gap u16, value W)]: indices lo + gap, then
-//     previous + 1 + gap; packed with kernels::pack, so most inputs reach the merge (indices past
+//     previous + 1 + gap; packed with gflow::sparse_message::pack, so most inputs reach the merge (indices past
 //     hi or NaN values are still rejected by unpack_checked)
 // Invariants (abort on violation): kept <= k and = min(k, |union|); kept and record indices
 // strictly increasing inside [lo, hi) and from the union; kept value = W(sum); every union entry
@@ -28,7 +28,7 @@ namespace k = gflow::kernels;
 
 template <class I, class W>
 std::unique_ptr<unsigned char[]> build(fuzz::reader& in, std::size_t cap, std::uint64_t lo, bool raw) {
-  const std::size_t bytes = k::message_bytes(cap, sizeof(I), sizeof(W));
+  const std::size_t bytes = gflow::sparse_message::bytes(cap, sizeof(I), sizeof(W));
   std::unique_ptr<unsigned char[]> msg(new unsigned char[bytes]());
   if (raw) {
     for (std::size_t b = 0; b < bytes; ++b) msg[b] = in.take<std::uint8_t>();
@@ -43,7 +43,7 @@ std::unique_ptr<unsigned char[]> build(fuzz::reader& in, std::size_t cap, std::u
     idx[j] = static_cast<I>(at);
     val[j] = in.take<W>();
   }
-  k::pack(msg.get(), cap, idx.data(), val.data(), count);
+  gflow::sparse_message::pack(msg.get(), cap, idx.data(), val.data(), count);
   return msg;
 }
 

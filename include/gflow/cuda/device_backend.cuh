@@ -242,15 +242,15 @@ struct device_backend {
     }
     /// The header comes from the host (it holds no gradient value); the entries are copied on the device.
     template <class I, class W>
-    void pack(unsigned char* msg, std::size_t k, const I* idx, const W* val, std::size_t count, kernels::message_header h = {}) {
+    void pack(unsigned char* msg, std::size_t k, const I* idx, const W* val, std::size_t count, sparse_message::header h = {}) {
       cuda::device_guard gd(device_);
       h.count = count;
       header_ = h;
       cuda::check_cuda(cudaMemcpyAsync(msg, &header_, sizeof header_, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync of a message header");
       if (count != 0) {
-        cuda::check_cuda(cudaMemcpyAsync(msg + kernels::message_header_bytes, idx, count * sizeof(I), cudaMemcpyDeviceToDevice, stream_),
+        cuda::check_cuda(cudaMemcpyAsync(msg + sparse_message::header_bytes, idx, count * sizeof(I), cudaMemcpyDeviceToDevice, stream_),
                          "cudaMemcpyAsync of a message's indices");
-        cuda::check_cuda(cudaMemcpyAsync(msg + kernels::message_header_bytes + k * sizeof(I), val, count * sizeof(W), cudaMemcpyDeviceToDevice,
+        cuda::check_cuda(cudaMemcpyAsync(msg + sparse_message::header_bytes + k * sizeof(I), val, count * sizeof(W), cudaMemcpyDeviceToDevice,
                                          stream_),
                          "cudaMemcpyAsync of a message's values");
       }
@@ -258,7 +258,7 @@ struct device_backend {
       // overwrite it without a stream synchronisation.
     }
     template <class I, class W, class Ws>
-    kernels::unpack_result unpack_checked(const unsigned char* msg, std::size_t k, std::uint64_t lo, std::uint64_t hi, I* idx, W* val, Ws& ws) {
+    sparse_message::unpack_result unpack_checked(const unsigned char* msg, std::size_t k, std::uint64_t lo, std::uint64_t hi, I* idx, W* val, Ws& ws) {
       cuda::device_guard gd(device_);
       if (!ws.checker) ws.checker = std::make_unique<cuda::message_checker>();
       return ws.checker->check(msg, k, lo, hi, idx, val, stream_);
@@ -362,7 +362,7 @@ struct device_backend {
     std::unique_ptr<unsigned long long, cuda_free> counter_;
     std::unique_ptr<unsigned long long, host_free> host_;
     std::unique_ptr<cuda::chunk_selector> selector_;
-    kernels::message_header header_{};  // the source of pack's header copy
+    sparse_message::header header_{};  // the source of pack's header copy
   };
 };
 

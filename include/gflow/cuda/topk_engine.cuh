@@ -11,7 +11,7 @@
 //   restore_unselected(res, ai, av, na, fi, nf, u, stream)  Algorithm 4 line 10 (binary search in f)
 //   restore_records_in(res, ri, rv, nr, fi, nf, u, stream)  merge records whose index is in f
 //   message_checker<I, W>                                   kernels::unpack_checked on a device message:
-//                                                           the verdict (kernels::unpack_result, no
+//                                                           the verdict (sparse_message::unpack_result, no
 //                                                           gradient value) is copied to the host, then
 //                                                           the entries are copied on the device
 //
@@ -102,11 +102,11 @@ __global__ void restore_records_kernel(float* res, const I* ri, const float* rv,
 // The first faulty entry of a message (kernels::unpack_checked's order: index, order, value).
 template <class I, class W>
 __global__ void first_fault_kernel(const unsigned char* msg, std::size_t k, std::uint64_t lo, std::uint64_t hi, unsigned long long* first) {
-  kernels::message_header h;
+  sparse_message::header h;
   memcpy(&h, msg, sizeof h);
   if (h.status != 0 || h.count > k) return;
   const std::size_t count = static_cast<std::size_t>(h.count);
-  const unsigned char* ip = msg + kernels::message_header_bytes;
+  const unsigned char* ip = msg + sparse_message::header_bytes;
   const unsigned char* vp = ip + k * sizeof(I);
   for (std::size_t j = thread_index(); j < count; j += grid_stride()) {
     I x;
@@ -131,29 +131,29 @@ __global__ void first_fault_kernel(const unsigned char* msg, std::size_t k, std:
 // Fills the verdict as kernels::unpack_checked does (one thread).
 template <class I, class W>
 __global__ void verdict_kernel(const unsigned char* msg, std::size_t k, std::uint64_t lo, std::uint64_t hi, const unsigned long long* first,
-                               kernels::unpack_result* out) {
-  kernels::unpack_result r;
+                               sparse_message::unpack_result* out) {
+  sparse_message::unpack_result r;
   memcpy(&r.header, msg, sizeof r.header);
   if (r.header.status != 0) {
-    r.fault = kernels::message_fault::status;
+    r.fault = sparse_message::fault_code::status;
   } else if (r.header.count > k) {
-    r.fault = kernels::message_fault::count;
+    r.fault = sparse_message::fault_code::count;
     r.position = r.header.count;
   } else if (*first != ~0ull) {
     const std::size_t j = static_cast<std::size_t>(*first);
-    const unsigned char* ip = msg + kernels::message_header_bytes;
+    const unsigned char* ip = msg + sparse_message::header_bytes;
     I x;
     memcpy(&x, ip + j * sizeof(I), sizeof(I));
     const std::uint64_t i = static_cast<std::uint64_t>(x);
     r.position = j;
     r.bad_index = i;
-    if (i < lo || i >= hi) r.fault = kernels::message_fault::index;
+    if (i < lo || i >= hi) r.fault = sparse_message::fault_code::index;
     else if (j > 0) {
       I p;
       memcpy(&p, ip + (j - 1) * sizeof(I), sizeof(I));
-      r.fault = i <= static_cast<std::uint64_t>(p) ? kernels::message_fault::order : kernels::message_fault::value;
+      r.fault = i <= static_cast<std::uint64_t>(p) ? sparse_message::fault_code::order : sparse_message::fault_code::value;
     } else {
-      r.fault = kernels::message_fault::value;
+      r.fault = sparse_message::fault_code::value;
     }
   } else {
     r.count = static_cast<std::size_t>(r.header.count);
@@ -225,33 +225,33 @@ class message_checker {
  public:
   message_checker() {
     void* p = nullptr;
-    check_cuda(cudaMalloc(&p, sizeof(unsigned long long) + sizeof(kernels::unpack_result) + 16), "cudaMalloc of the message checker");
+    check_cuda(cudaMalloc(&p, sizeof(unsigned long long) + sizeof(sparse_message::unpack_result) + 16), "cudaMalloc of the message checker");
     dev_.reset(p);
     void* h = nullptr;
-    check_cuda(cudaMallocHost(&h, sizeof(kernels::unpack_result)), "cudaMallocHost of the message verdict");
+    check_cuda(cudaMallocHost(&h, sizeof(sparse_message::unpack_result)), "cudaMallocHost of the message verdict");
     host_.reset(h);
   }
 
   template <class I, class W>
-  kernels::unpack_result check(const unsigned char* msg, std::size_t k, std::uint64_t lo, std::uint64_t hi, I* idx, W* val, cudaStream_t stream) {
+  sparse_message::unpack_result check(const unsigned char* msg, std::size_t k, std::uint64_t lo, std::uint64_t hi, I* idx, W* val, cudaStream_t stream) {
     using namespace topk_engine_detail;
     auto* first = static_cast<unsigned long long*>(dev_.get());
-    auto* verdict = reinterpret_cast<kernels::unpack_result*>(static_cast<unsigned char*>(dev_.get()) + 16);
+    auto* verdict = reinterpret_cast<sparse_message::unpack_result*>(static_cast<unsigned char*>(dev_.get()) + 16);
     check_cuda(cudaMemsetAsync(first, 0xff, sizeof *first, stream), "cudaMemsetAsync of the message checker");
     const std::size_t work = k ? k : 1;
     first_fault_kernel<I, W><<<grid_for(work), threads, 0, stream>>>(msg, k, lo, hi, first);
     check_cuda(cudaGetLastError(), "launch of the message check");
     verdict_kernel<I, W><<<1, 1, 0, stream>>>(msg, k, lo, hi, first, verdict);
     check_cuda(cudaGetLastError(), "launch of the message verdict");
-    check_cuda(cudaMemcpyAsync(host_.get(), verdict, sizeof(kernels::unpack_result), cudaMemcpyDeviceToHost, stream),
+    check_cuda(cudaMemcpyAsync(host_.get(), verdict, sizeof(sparse_message::unpack_result), cudaMemcpyDeviceToHost, stream),
                "cudaMemcpyAsync of a message verdict");
     check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize for a message verdict");
-    kernels::unpack_result r;
+    sparse_message::unpack_result r;
     std::memcpy(&r, host_.get(), sizeof r);
     if (r.ok() && r.count != 0) {
-      check_cuda(cudaMemcpyAsync(idx, msg + kernels::message_header_bytes, r.count * sizeof(I), cudaMemcpyDeviceToDevice, stream),
+      check_cuda(cudaMemcpyAsync(idx, msg + sparse_message::header_bytes, r.count * sizeof(I), cudaMemcpyDeviceToDevice, stream),
                  "cudaMemcpyAsync of a message's indices");
-      check_cuda(cudaMemcpyAsync(val, msg + kernels::message_header_bytes + k * sizeof(I), r.count * sizeof(W), cudaMemcpyDeviceToDevice, stream),
+      check_cuda(cudaMemcpyAsync(val, msg + sparse_message::header_bytes + k * sizeof(I), r.count * sizeof(W), cudaMemcpyDeviceToDevice, stream),
                  "cudaMemcpyAsync of a message's values");
     }
     return r;

@@ -80,8 +80,8 @@ concept topk_backend =
              kernels::merge_scratch<std::uint32_t> ms) {
       { k.accumulate_select_topk(cf, f, n, n, n, u, ws) } -> std::same_as<kernels::topk_result>;  // res = g + res; top-k of |res|
       k.take_selected_dropping(f, n, n, cu, n, h, s, s, ws);
-      k.pack(m, n, cu, ch, n, kernels::message_header{});
-      { k.unpack_checked(cm, n, n, n, u, h, ws) } -> std::same_as<kernels::unpack_result>;  // the verdict reaches the host
+      k.pack(m, n, cu, ch, n, sparse_message::header{});
+      { k.unpack_checked(cm, n, n, n, u, h, ws) } -> std::same_as<sparse_message::unpack_result>;  // the verdict reaches the host
       k.fill_zero(f, n);
       k.scatter_add(f, cu, ch, n);
       { k.merge_topk(cu, ch, n, cu, ch, n, n, u, h, u, f, &n, ms, ws) } -> std::convertible_to<std::size_t>;

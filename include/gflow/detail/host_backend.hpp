@@ -137,11 +137,11 @@ struct host_backend {
       if (drop) kernels::clear_nonfinite(res + off, n);
     }
     template <class I, class W>
-    void pack(unsigned char* msg, std::size_t k, const I* idx, const W* val, std::size_t count, kernels::message_header h = {}) {
-      kernels::pack(msg, k, idx, val, count, h);
+    void pack(unsigned char* msg, std::size_t k, const I* idx, const W* val, std::size_t count, sparse_message::header h = {}) {
+      sparse_message::pack(msg, k, idx, val, count, h);
     }
     template <class I, class W>
-    kernels::unpack_result unpack_checked(const unsigned char* msg, std::size_t k, std::uint64_t lo, std::uint64_t hi, I* idx, W* val,
+    sparse_message::unpack_result unpack_checked(const unsigned char* msg, std::size_t k, std::uint64_t lo, std::uint64_t hi, I* idx, W* val,
                                           kernels::topk_workspace&) {
       return kernels::unpack_checked(msg, k, lo, hi, idx, val);
     }

@@ -19,7 +19,8 @@
 //                                              (G and res may be the same array)
 //   clear_nonfinite(res, n)                    res = 0 where res is inf / NaN (more non-finite values
 //                                              than a selection holds)
-//   pack / unpack_checked                      the sparse message format below, validated on receipt
+//   unpack_checked(msg, k, lo, hi, idx, val)   a sparse message (support/sparse_message.hpp) checked
+//                                              before anything is used
 //   scatter_add(dst, idx, val, count)          dst[idx] += float(val)
 //   scale_at / gather_at(dst, idx, count, ...)  dst[idx] *= s / read dst[idx] into a list (host only)
 //   merge_topk(a, b, k, out, records)          Definition 1 (paper 003): add equal indices, keep
@@ -40,13 +41,7 @@
 // non-finite on every rank) and the engine clears the rest (clear_nonfinite). A finite value
 // whose wire encoding overflows (fp16 above 65504 after the 1/P scaling) travels as inf: it is
 // reported, and not kept in the residual either.
-//
-// Message format (one message per rank and selection; sizes fixed by the capacity k so that
-// every send/recv/all_gather/broadcast has the same byte count on every rank):
-//   [header, 24 bytes][k indices of I (u32 or u64)][k values of W]
-//   header = u64 count (<= k, entries in use), u32 status (0, or the fault a rank detected
-//   upstream), u32 reporter rank, u32 source rank, u32 round; entries past `count` are unused.
-// Indices are absolute pool positions, strictly increasing within a message.
+
 #include <algorithm>
 #include <bit>
 #include <cassert>
@@ -64,6 +59,7 @@
 
 #include "../dtype.hpp"
 #include "cast.hpp"
+#include "../support/sparse_message.hpp"
 
 namespace gflow::kernels {
 
@@ -515,98 +511,40 @@ inline std::size_t clear_nonfinite(float* res, std::size_t n) noexcept {
   return c;
 }
 
-// ---- messages ----------------------------------------------------------------------------------
-
-inline constexpr std::size_t message_header_bytes = 24;
-
-/// Why a received message was rejected (carried in the header status once detected).
-enum class message_fault : std::uint32_t { none = 0, count = 1, index = 2, order = 3, value = 4, status = 5 };
-
-inline const char* parameter_of(message_fault f) noexcept {
-  switch (f) {
-    case message_fault::none: return "message";
-    case message_fault::count: return "count";
-    case message_fault::index: return "index";
-    case message_fault::order: return "index";
-    case message_fault::value: return "value";
-    case message_fault::status: return "status";
-  }
-  return "message";
-}
-
-struct message_header {
-  std::uint64_t count = 0;
-  std::uint32_t status = 0;
-  std::uint32_t reporter = 0;
-  std::uint32_t source = 0;
-  std::uint32_t round = 0;
-};
-static_assert(sizeof(message_header) == message_header_bytes);
-
-/// Bytes of a message of capacity k.
-constexpr std::size_t message_bytes(std::size_t k, std::size_t index_bytes, std::size_t value_bytes) noexcept {
-  return message_header_bytes + k * (index_bytes + value_bytes);
-}
-
-/// Writes `count` (<= k) pairs and the header into msg (message_bytes(k, sizeof(I), sizeof(W)) bytes).
-template <class I, class W>
-void pack(unsigned char* msg, std::size_t k, const I* idx, const W* val, std::size_t count, message_header h = {}) noexcept {
-  h.count = count;
-  std::memcpy(msg, &h, sizeof h);
-  if (count) {
-    std::memcpy(msg + message_header_bytes, idx, count * sizeof(I));
-    std::memcpy(msg + message_header_bytes + k * sizeof(I), val, count * sizeof(W));
-  }
-}
-
-inline message_header read_header(const unsigned char* msg) noexcept {
-  message_header h;
-  std::memcpy(&h, msg, sizeof h);
-  return h;
-}
-
-/// What unpack_checked found.
-struct unpack_result {
-  std::size_t count = 0;               // entries unpacked (0 when rejected)
-  message_fault fault = message_fault::none;
-  std::uint64_t position = 0;          // entry at fault (count: the count received)
-  std::uint64_t bad_index = 0;         // the offending index (index / order faults)
-  message_header header{};             // as received
-  [[nodiscard]] bool ok() const noexcept { return fault == message_fault::none; }
-};
+// ---- validating a received message (the format: support/sparse_message.hpp) -------------------
 
 /// Reads a message of capacity k and checks it before anything is used: status 0, count <= k,
 /// every index in [lo, hi) and strictly increasing (so no duplicates), no NaN value. Copies the
 /// entries to idx / val only when the whole message is valid; never writes past k entries.
 template <class I, class W>
-unpack_result unpack_checked(const unsigned char* msg, std::size_t k, std::uint64_t lo, std::uint64_t hi, I* idx, W* val) noexcept {
-  unpack_result r;
-  r.header = read_header(msg);
+sparse_message::unpack_result unpack_checked(const unsigned char* msg, std::size_t k, std::uint64_t lo, std::uint64_t hi, I* idx, W* val) noexcept {
+  sparse_message::unpack_result r;
+  r.header = sparse_message::read_header(msg);
   if (r.header.status != 0) {
-    r.fault = message_fault::status;
+    r.fault = sparse_message::fault_code::status;
     return r;
   }
   if (r.header.count > k) {
-    r.fault = message_fault::count;
+    r.fault = sparse_message::fault_code::count;
     r.position = r.header.count;
     return r;
   }
   const std::size_t count = static_cast<std::size_t>(r.header.count);
-  const unsigned char* ip = msg + message_header_bytes;
-  const unsigned char* vp = msg + message_header_bytes + k * sizeof(I);
+  const unsigned char* ip = msg + sparse_message::header_bytes;
+  const unsigned char* vp = msg + sparse_message::header_bytes + k * sizeof(I);
   std::uint64_t prev = 0;
   for (std::size_t j = 0; j < count; ++j) {
     I x;
     std::memcpy(&x, ip + j * sizeof(I), sizeof(I));
     const std::uint64_t i = static_cast<std::uint64_t>(x);
     if (i < lo || i >= hi) {
-      r.fault = message_fault::index;
+      r.fault = sparse_message::fault_code::index;
       r.position = j;
       r.bad_index = i;
       return r;
     }
     if (j > 0 && i <= prev) {
-      r.fault = message_fault::order;
+      r.fault = sparse_message::fault_code::order;
       r.position = j;
       r.bad_index = i;
       return r;
@@ -615,7 +553,7 @@ unpack_result unpack_checked(const unsigned char* msg, std::size_t k, std::uint6
     W w;
     std::memcpy(&w, vp + j * sizeof(W), sizeof(W));
     if (std::isnan(to_float(w))) {
-      r.fault = message_fault::value;
+      r.fault = sparse_message::fault_code::value;
       r.position = j;
       r.bad_index = i;
       return r;
@@ -627,24 +565,6 @@ unpack_result unpack_checked(const unsigned char* msg, std::size_t k, std::uint6
   }
   r.count = count;
   return r;
-}
-
-/// One sentence on a rejected message, for the error text.
-inline std::string describe(const unpack_result& r, std::size_t k, std::uint64_t lo, std::uint64_t hi) {
-  switch (r.fault) {
-    case message_fault::none: return "the message is valid.";
-    case message_fault::count:
-      return "it claims " + std::to_string(r.position) + " entries, more than the capacity k = " + std::to_string(k) + ".";
-    case message_fault::index:
-      return "entry " + std::to_string(r.position) + " has index " + std::to_string(r.bad_index) + ", outside the selection range [" +
-             std::to_string(lo) + ", " + std::to_string(hi) + ").";
-    case message_fault::order:
-      return "entry " + std::to_string(r.position) + " has index " + std::to_string(r.bad_index) +
-             ", not greater than the entry before it (a duplicate or out-of-order index).";
-    case message_fault::value: return "entry " + std::to_string(r.position) + " (index " + std::to_string(r.bad_index) + ") has a NaN value.";
-    case message_fault::status: return "its header carries fault status " + std::to_string(r.header.status) + ".";
-  }
-  return "it is malformed.";
 }
 
 /// dst[idx[j]] += float(val[j]) (indices distinct within one call).

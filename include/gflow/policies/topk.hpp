@@ -211,7 +211,7 @@ class topk_engine {
       decoded_ = buffer<float>(ucap);
     }
     size_lists();
-    const std::size_t mb = kernels::message_bytes(kcap, index_bytes(), sizeof(W));
+    const std::size_t mb = sparse_message::bytes(kcap, index_bytes(), sizeof(W));
     send_msg_ = buffer<std::uint8_t>(mb);
     if constexpr (Global) {
       recv_msg_ = buffer<std::uint8_t>(mb);
@@ -409,7 +409,7 @@ class topk_engine {
   void run(std::size_t off, std::size_t n) {
     auto& L = lists<I>();
     const std::size_t k = plan::k_for(density_, n);
-    const std::size_t mb = kernels::message_bytes(k, sizeof(I), sizeof(W));
+    const std::size_t mb = sparse_message::bytes(k, sizeof(I), sizeof(W));
     auto& kern = *cx_->kernels;
     float* res = residual_.data();  // holds G from here until take_selected
     detail::stage_clock sc(cx_->tracer());  // timeline: the selection (a span when one is attached)
@@ -470,9 +470,9 @@ class topk_engine {
       const auto r = kern.unpack_checked(block(q, mb), k, off, off + n, L.recv_idx.data(), L.recv_val.data(), ws_);
       if (!r.ok()) {
         restore_own<I>(cnt);
-        throw parse_error(kernels::parameter_of(r.fault),
+        throw parse_error(sparse_message::parameter_of(r.fault),
                           std::string("Sparsifier<TopK>: the message all-gathered from rank ") + std::to_string(q) + " was rejected: " +
-                              kernels::describe(r, k, off, off + n),
+                              sparse_message::describe(r, k, off, off + n),
                           fix_text());
       }
     }
@@ -518,8 +518,8 @@ class topk_engine {
     kern.copy_n(L.cur_val.data(), L.mine_val.data(), cnt);
     std::size_t cur = cnt;
     detail::stage_clock sc(cx_->tracer());  // timeline: the tree's rounds and the broadcast, as one collective span
-    kernels::message_header mark{};  // status != 0 once this rank saw a bad message (or a marked one)
-    kernels::unpack_result own{};    // what this rank itself rejected
+    sparse_message::header mark{};  // status != 0 once this rank saw a bad message (or a marked one)
+    sparse_message::unpack_result own{};    // what this rank itself rejected
     int own_peer = -1;
     for (std::size_t j = 0; j < steps_.size(); ++j) {
       const plan::tree_step& s = steps_[j];
@@ -531,7 +531,7 @@ class topk_engine {
         const auto r = kern.unpack_checked(recv_msg_.data(), k, off, off + n, L.recv_idx.data(), L.recv_val.data(), ws_);
         if (!r.ok()) {
           if (mark.status == 0) {
-            if (r.fault == kernels::message_fault::status) {
+            if (r.fault == sparse_message::fault_code::status) {
               mark = r.header;  // forward the upstream report unchanged
             } else {
               mark = {0, static_cast<std::uint32_t>(r.fault), static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(s.peer),
@@ -588,19 +588,19 @@ class topk_engine {
 
   // Throws the error of a failed gTop-k exchange: a rejected message reported through the tree
   // (this rank's own mark, or the mark the broadcast carried), else the broadcast itself.
-  [[noreturn]] void fail_global(const kernels::unpack_result& F, const kernels::message_header& mark, const kernels::unpack_result& own,
+  [[noreturn]] void fail_global(const sparse_message::unpack_result& F, const sparse_message::header& mark, const sparse_message::unpack_result& own,
                                 int own_peer, std::size_t k, std::size_t off, std::size_t n) const {
-    const kernels::message_header* h = mark.status != 0 ? &mark : (F.fault == kernels::message_fault::status ? &F.header : nullptr);
+    const sparse_message::header* h = mark.status != 0 ? &mark : (F.fault == sparse_message::fault_code::status ? &F.header : nullptr);
     if (h != nullptr) {
-      const auto fault = static_cast<kernels::message_fault>(h->status);
+      const auto fault = static_cast<sparse_message::fault_code>(h->status);
       std::string what = "Sparsifier<GTopK>: in merge round " + std::to_string(h->round) + ", rank " + std::to_string(h->reporter) +
-                         " rejected the message from rank " + std::to_string(h->source) + " (its " + kernels::parameter_of(fault) + ")";
-      if (own_peer >= 0) what += ": " + kernels::describe(own, k, off, off + n);
+                         " rejected the message from rank " + std::to_string(h->source) + " (its " + sparse_message::parameter_of(fault) + ")";
+      if (own_peer >= 0) what += ": " + sparse_message::describe(own, k, off, off + n);
       else what += "; every rank stops this exchange.";
-      throw parse_error(kernels::parameter_of(fault), what, fix_text());
+      throw parse_error(sparse_message::parameter_of(fault), what, fix_text());
     }
-    throw parse_error(kernels::parameter_of(F.fault),
-                      "Sparsifier<GTopK>: the global top-k broadcast from rank 0 was rejected: " + kernels::describe(F, k, off, off + n), fix_text());
+    throw parse_error(sparse_message::parameter_of(F.fault),
+                      "Sparsifier<GTopK>: the global top-k broadcast from rank 0 was rejected: " + sparse_message::describe(F, k, off, off + n), fix_text());
   }
 
   Ctx* cx_;
