@@ -110,6 +110,8 @@ int run_kernels_suite(const kernels_options& o) {
     ks.push_back({"sum_op_fp16 (reference)", 6 * N, none, [&] { K::reference::combine_wire<sum>(h16b.data(), h16.data(), n); }, {}});
     ks.push_back({"scale_in_place+count", 8 * N, [&] { std::memcpy(out.data(), fresh.data(), n * sizeof(float)); },
                   [&] { sink += gflow::kernels::scale_in_place(out.data(), n, 0.25f); }, {}});
+    ks.push_back({"scale_in_place+count (reference)", 8 * N, [&] { std::memcpy(out.data(), fresh.data(), n * sizeof(float)); },
+                  [&] { sink += gflow::kernels::reference::scale_in_place(out.data(), n, 0.25f); }, {}});
     ks.push_back({"residual_accumulate", 12 * N, [&] { std::memcpy(res.data(), res0.data(), n * sizeof(float)); },
                   [&] { K::accumulate_into_residual(fresh.data(), res.data(), n); }, {}});
     auto ws = std::make_shared<K::topk_workspace>();

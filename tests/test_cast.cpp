@@ -760,3 +760,30 @@ TEST_CASE("cast SIMD: the dispatching kernels pick the SIMD path once and match 
   k::reference::combine_wire<reduce_op::sum>(want.data(), cr.data(), cr.size());
   CHECK(raw(c) == raw(cr));
 }
+
+TEST_CASE("cast SIMD: scale_in_place (the fp32 average) equals the reference, values and count, every offset and tail") {
+  if (!simd_or_skip()) return;
+  std::vector<std::uint32_t> v = hand_picked();
+  const auto s = sweep();
+  v.insert(v.end(), s.begin(), s.end());
+  std::vector<float> in(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) in[i] = fb(v[i]);
+  // 1/P for several P, a scale that overflows finite values to inf, one that flushes to subnormals / 0
+  for (float scale : {1.0f, 0.5f, 1.0f / 3.0f, 0.25f, 1.0f / 7.0f, 3e38f, fb(0x00000001u), fb(0x7f800000u)}) {
+    for (std::size_t off : {std::size_t{0}, std::size_t{1}, std::size_t{5}}) {
+      for (std::size_t n : {in.size() - off, std::size_t{0}, std::size_t{7}, std::size_t{8}, std::size_t{23}, std::size_t{100}}) {
+        std::vector<float> want = in, got = in;
+        const std::size_t cw = k::reference::scale_in_place(want.data() + off, n, scale);
+        const std::size_t cg = k::simd::scale_in_place(got.data() + off, n, scale);
+        const long d = first_diff(raw(want), raw(got));
+        INFO("scale " << scale << ", offset " << off << ", n " << n << ", first difference at " << d);
+        CHECK(d == -1);  // also: nothing outside [off, off + n) touched
+        CHECK(cw == cg);
+      }
+    }
+  }
+  // The dispatcher gives the same bits.
+  std::vector<float> a = in, b = in;
+  CHECK(k::scale_in_place(a.data(), a.size(), 0.125f) == k::reference::scale_in_place(b.data(), b.size(), 0.125f));
+  CHECK(raw(a) == raw(b));
+}

@@ -1,4 +1,4 @@
-// The cross-rank consistency check made when an exchanger is constructed (detail/consistency.hpp)
+// The cross-rank consistency check made when an exchanger is constructed (exchanger/consistency.hpp)
 // and the in-process transport's timeouts seen through the exchanger: ranks that disagree or a
 // rank that is gone produce a typed error on every surviving rank, never a hang.
 #include <doctest/doctest.h>

@@ -22,13 +22,14 @@
 #include <utility>
 #include <vector>
 
-#include "detail/concepts.hpp"
+#include "engines/concepts.hpp"
 #include "support/checkpoint.hpp"
-#include "detail/consistency.hpp"
-#include "detail/exchange_context.hpp"
-#include "detail/host_backend.hpp"
-#include "detail/overlap.hpp"
-#include "detail/policy_set.hpp"
+#include "exchanger/consistency.hpp"
+#include "exchanger/options.hpp"
+#include "engines/context.hpp"
+#include "engines/host_backend.hpp"
+#include "exchanger/runners.hpp"
+#include "exchanger/policy_set.hpp"
 #include "error.hpp"
 #include "layout.hpp"
 #include "plan/buckets.hpp"
@@ -38,43 +39,6 @@
 #include "transport/transport.hpp"
 
 namespace gflow {
-
-/// Run-time settings. Fusion numbers given here override the Fusion policy's (auto-tuning).
-struct exchange_options {
-  std::optional<std::size_t> threshold_bytes;
-  std::optional<std::size_t> first_bucket_bytes;
-  bool average = true;  // false: leave the sum of the ranks' gradients
-  // Compare layout, policies and the options above across ranks at construction (one small
-  // all_gather); a difference raises mismatch_error on every rank instead of a hang. Must be
-  // the same on every rank (a rank that skips the check would leave the others waiting).
-  bool verify = true;
-};
-
-/// What finish() reports about one iteration. The result is bitwise identical on every rank,
-/// so every rank reports the same status.
-struct exchange_status {
-  std::uint64_t iteration = 0;
-  std::size_t nonfinite = 0;    // inf / NaN elements in the exchanged gradients
-  std::size_t collectives = 0;  // allreduces issued
-  std::size_t wire_bytes = 0;   // bytes this rank handed to those allreduces
-  [[nodiscard]] bool finite() const noexcept { return nonfinite == 0; }
-};
-
-namespace detail {
-template <class Space>
-struct backend_for;
-template <>
-struct backend_for<host_memory> { using type = host_backend; };
-// backend_for<device_memory> lives in include/gflow/cuda/device_backend.cuh.
-template <class Space>
-concept has_backend = requires { typename backend_for<Space>::type; };
-// The backend, or the host one where none exists, so a missing CUDA backend is reported by the
-// static_assert alone rather than by a cascade of incomplete-type errors.
-template <class Space>
-struct backend_or_host { using type = host_backend; };
-template <has_backend Space>
-struct backend_or_host<Space> { using type = typename backend_for<Space>::type; };
-}  // namespace detail
 
 template <class T, class Set>
 class basic_exchanger {
@@ -98,13 +62,13 @@ class basic_exchanger {
   // The built-in engines are asserted where they are defined; these fire for one's own.
   static_assert(detail::backend_for_transport<backend, T>,
                 "gflow::Exchanger: the memory space's backend does not meet gflow::detail::backend_for_transport "
-                "(include/gflow/detail/concepts.hpp): give it every kernel the concept lists and a context built from T&.");
+                "(include/gflow/engines/concepts.hpp): give it every kernel the concept lists and a context built from T&.");
   static_assert(detail::topology_engine<engine_t, T, wire_t>,
                 "gflow::Exchanger: Topology<A>::engine<T> is not a topology engine. Give it what gflow::detail::topology_engine "
-                "lists (include/gflow/detail/concepts.hpp): a constructor from T&, run / start for float and the wire type, wait(request&).");
+                "lists (include/gflow/engines/concepts.hpp): a constructor from T&, run / start for float and the wire type, wait(request&).");
   static_assert(detail::sparsifier_engine<sparsifier_t, context_t>,
                 "gflow::Exchanger: Sparsifier<S>::engine<Ctx> is not a sparsifier engine. Give it what gflow::detail::sparsifier_engine "
-                "lists (include/gflow/detail/concepts.hpp): a constructor from Ctx&, replan, exchange(b), end_iteration, wire_bytes, "
+                "lists (include/gflow/engines/concepts.hpp): a constructor from Ctx&, replan, exchange(b), end_iteration, wire_bytes, "
                 "save_state / read_state / restore_state.");
 
  public:
@@ -214,7 +178,7 @@ class basic_exchanger {
   /// Device transports: the stream the backward pass writes gradients on. Each bucket's work is
   /// then ordered after it by an event, with no host synchronisation in ready().
   template <class Stream>
-    requires requires(typename backend::context& k, Stream s) { k.set_producer(s); }
+    requires detail::accepts_producer<typename backend::context, Stream>
   void set_producer_stream(Stream s) {
     kernels_.set_producer(s);
   }
@@ -331,7 +295,7 @@ class basic_exchanger {
   }
 
  private:
-  // The cross-rank check (detail/consistency.hpp), run first: before the topology's splits or
+  // The cross-rank check (exchanger/consistency.hpp), run first: before the topology's splits or
   // any other collective, so ranks that disagree fail instead of hanging.
   static Layout verified(T& t, Layout layout, const exchange_options& opt) {
     if (opt.verify)

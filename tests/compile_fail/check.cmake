@@ -4,6 +4,8 @@
 # The case's first line says what must happen:
 #   // build error: <text>   compilation must FAIL and the compiler output must contain <text>
 #   // build ok              compilation must SUCCEED (the positive control)
+# An optional second line "// build errors: <N>" also requires exactly N compiler lines with
+# ": error: " (a guard that names the fix must not come with a cascade of template errors).
 # The text is matched literally (no regex), against stdout + stderr, with the compiler run
 # under LC_ALL=C and without colours so quotes and escapes are stable.
 cmake_minimum_required(VERSION 3.24)
@@ -19,6 +21,12 @@ endif()
 
 file(STRINGS "${SOURCE}" first_line LIMIT_COUNT 1)
 string(REGEX REPLACE "\r$" "" first_line "${first_line}")
+# The second line, read as text (a list of lines would merge them where a line holds a bracket).
+file(READ "${SOURCE}" head_text LIMIT 4096)
+set(expect_errors "")
+if(head_text MATCHES "^[^\n]*\n// build errors: ([0-9]+)[ \t\r]*\n")
+  set(expect_errors "${CMAKE_MATCH_1}")
+endif()
 get_filename_component(case_name "${SOURCE}" NAME_WE)
 if(first_line MATCHES "^// build error: (.+)$")
   set(expect_fail TRUE)
@@ -83,5 +91,14 @@ if(at EQUAL -1)
   fail("compile_fail.${case_name}: compilation failed as expected, but not with the expected message (diff above)."
        "command: ${cmd_text}\n--- full compiler output ---\n${output}\n--- end of compiler output ---\n"
        "expected (a substring of the compiler output):\n+ ${expected}\nthe compiler's error lines:\n${errors}")
+endif()
+if(NOT expect_errors STREQUAL "")
+  string(REPLACE ";" "," output_no_semicolons "${output}")  # a ';' in a message would split the list
+  string(REGEX MATCHALL "[^\n]*: (fatal )?error: [^\n]*" error_lines "${output_no_semicolons}")
+  list(LENGTH error_lines n_errors)
+  if(NOT n_errors EQUAL expect_errors)
+    fail("compile_fail.${case_name}: expected exactly ${expect_errors} error(s), the compiler reported ${n_errors} (a cascade)."
+         "command: ${cmd_text}\n--- full compiler output ---\n${output}")
+  endif()
 endif()
 message(STATUS "compile_fail.${case_name}: failed to compile with the expected message:\n  ${expected}")

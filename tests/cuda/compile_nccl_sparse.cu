@@ -26,8 +26,8 @@ using ctx32 = gflow::detail::exchange_context<T, gflow::detail::device_backend, 
 template class gflow::detail::topk_engine<gflow_compile::ctx, 0.01, false>;
 template class gflow::detail::topk_engine<gflow_compile::ctx, 0.001, true>;
 template class gflow::detail::topk_engine<gflow_compile::ctx32, 0.001, true>;
-template class gflow::CSC<4096, 1>::engine<gflow_compile::ctx>;
-template class gflow::CSC<4096, 1>::engine<gflow_compile::ctx32>;
+template class gflow::detail::csc_engine<gflow_compile::ctx, 4096, 1>;
+template class gflow::detail::csc_engine<gflow_compile::ctx32, 4096, 1>;
 static_assert(gflow::detail::sparsifier_engine<gflow::CSC<4096, 1>::engine<gflow_compile::ctx>, gflow_compile::ctx>);
 static_assert(gflow::detail::sparsifier_engine<gflow::detail::topk_engine<gflow_compile::ctx, 0.01, false>, gflow_compile::ctx>);
 static_assert(gflow::detail::backend_for_transport<gflow::detail::device_backend, gflow_compile::T>);

@@ -1,6 +1,6 @@
 #pragma once
 // Memory and kernels of the exchanger for device-memory transports (NCCL): the twin of
-// include/gflow/detail/host_backend.hpp, with the same members.
+// include/gflow/engines/host_backend.hpp, with the same members.
 //
 //   buffer<E>                  owning, zero-filled cudaMalloc'd array (current device)
 //   context(transport&)        per-exchanger kernel context on the transport's stream
@@ -20,7 +20,7 @@
 //   them (merge or forward a fault, what the next message holds, whether to throw)
 //   download(host_dst, src, n)     device -> host on the stream, then waits for the stream
 //   upload(dst, host_src, n)       host -> device on the stream, then waits for the stream
-// The contract is gflow::detail::backend (detail/concepts.hpp), asserted below.
+// The contract is gflow::detail::backend (engines/concepts.hpp), asserted below.
 //
 // Everything is enqueued on the transport's stream (t.stream()), in order with its collectives.
 // What that asks of a trainer:
@@ -44,7 +44,7 @@
 #include <utility>
 
 #include "../dtype.hpp"
-#include "../detail/concepts.hpp"
+#include "../engines/concepts.hpp"
 #include "cast.cuh"
 #include "check.cuh"
 #include "sparse_chunks.cuh"
@@ -309,19 +309,9 @@ struct device_backend {
 
     // ---- transfers (each one is a host synchronisation; the engines say where and why) ----
     template <class E>
-    void download(E* host_dst, const E* src, std::size_t n) {
-      if (n == 0) return;
-      cuda::device_guard g(device_);
-      cuda::check_cuda(cudaMemcpyAsync(host_dst, src, n * sizeof(E), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync device to host");
-      cuda::check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after a device-to-host copy");
-    }
+    void download(E* host_dst, const E* src, std::size_t n) { copy_and_sync(host_dst, src, n * sizeof(E), cudaMemcpyDeviceToHost, "device-to-host"); }
     template <class E>
-    void upload(E* dst, const E* host_src, std::size_t n) {
-      if (n == 0) return;
-      cuda::device_guard g(device_);
-      cuda::check_cuda(cudaMemcpyAsync(dst, host_src, n * sizeof(E), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync host to device");
-      cuda::check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after a host-to-device copy");
-    }
+    void upload(E* dst, const E* host_src, std::size_t n) { copy_and_sync(dst, host_src, n * sizeof(E), cudaMemcpyHostToDevice, "host-to-device"); }
 
     [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
     [[nodiscard]] int device() const noexcept { return device_; }
@@ -348,6 +338,12 @@ struct device_backend {
     }
 
    private:
+    void copy_and_sync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, const char* way) {
+      if (bytes == 0) return;
+      cuda::device_guard g(device_);
+      cuda::check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, stream_), std::string("cudaMemcpyAsync ") + way);
+      cuda::check_cuda(cudaStreamSynchronize(stream_), std::string("cudaStreamSynchronize after a ") + way + " copy");
+    }
     struct host_free {
       void operator()(void* p) const noexcept { (void)cudaFreeHost(p); }
     };
@@ -369,7 +365,7 @@ struct device_backend {
 // Both contexts have an unconstrained template constructor from T&, so the meaningful
 // backend_for_transport check is the exchanger's, against nccl::transport.
 static_assert(backend<device_backend> && topk_backend<device_backend>,
-              "gflow::detail::device_backend must meet gflow::detail::backend and topk_backend (detail/concepts.hpp)");
+              "gflow::detail::device_backend must meet gflow::detail::backend and topk_backend (engines/concepts.hpp)");
 
 template <class Space>
 struct backend_for;

@@ -36,11 +36,8 @@
 
 namespace gflow::inproc_device {
 
-class transport {
+class transport : public transport_base<device_memory> {
  public:
-  using memory_space = device_memory;
-  template <class E>
-  static constexpr bool can_reduce = wire_element<E>;
   /// Every operation completes before it returns: a request is only a token.
   struct request {};
 
@@ -57,12 +54,9 @@ class transport {
   [[nodiscard]] int device() const noexcept { return device_; }
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
 
+  // In-place collectives: copied to the host, run there, copied back.
   template <wire_element T>
-  void all_reduce(T* buf, std::size_t n, reduce_op op) {
-    auto h = down(buf, n);
-    host_.all_reduce(h.data(), n, op);
-    up(buf, h.data(), n);
-  }
+  void all_reduce(T* buf, std::size_t n, reduce_op op) { in_place(buf, n, [&](T* h) { host_.all_reduce(h, n, op); }); }
   template <wire_element T>
   void all_gather(const T* send, T* recv, std::size_t n) {
     auto h = down(send, n);
@@ -71,17 +65,9 @@ class transport {
     up(recv, r.data(), r.size());
   }
   template <wire_element T>
-  void broadcast(T* buf, std::size_t n, int root) {
-    auto h = down(buf, n);
-    host_.broadcast(h.data(), n, root);
-    up(buf, h.data(), n);
-  }
+  void broadcast(T* buf, std::size_t n, int root) { in_place(buf, n, [&](T* h) { host_.broadcast(h, n, root); }); }
   template <wire_element T>
-  void reduce(T* buf, std::size_t n, reduce_op op, int root) {
-    auto h = down(buf, n);
-    host_.reduce(h.data(), n, op, root);
-    up(buf, h.data(), n);
-  }
+  void reduce(T* buf, std::size_t n, reduce_op op, int root) { in_place(buf, n, [&](T* h) { host_.reduce(h, n, op, root); }); }
   template <wire_element T>
   void send(const T* buf, std::size_t n, int peer) {
     auto h = down(buf, n);
@@ -106,7 +92,7 @@ class transport {
   template <wire_element T> request irecv(T* buf, std::size_t n, int peer) { recv(buf, n, peer); return {}; }
   void wait(request&) {}
 
-  /// The control channel (consistency checks at construction, detail/consistency.hpp): host
+  /// The control channel (consistency checks at construction, exchanger/consistency.hpp): host
   /// buffers, straight through the in-process transport.
   template <wire_element T>
   void control_all_gather(const T* send, T* recv, std::size_t n) { host_.all_gather(send, recv, n); }
@@ -124,6 +110,12 @@ class transport {
   void sync() const {
     cuda::device_guard g(device_);
     cuda::check_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize in gflow::inproc_device::transport");
+  }
+  template <class T, class F>
+  void in_place(T* buf, std::size_t n, F&& run) {
+    auto h = down(buf, n);
+    run(h.data());
+    up(buf, h.data(), n);
   }
   template <class T>
   std::vector<T> down(const T* d, std::size_t n) const {

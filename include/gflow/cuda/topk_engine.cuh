@@ -1,5 +1,5 @@
 #pragma once
-// The device kernels the Top-k engines (policies/topk.hpp) need beyond include/gflow/cuda/topk.cuh,
+// The device kernels the Top-k engines (engines/topk.hpp) need beyond include/gflow/cuda/topk.cuh,
 // each the twin of a host kernel of include/gflow/kernels/topk.hpp with the same output:
 //
 //   accumulate_into_residual(g, res, n, stream)             res = g + res (g only read)

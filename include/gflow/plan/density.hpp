@@ -1,6 +1,6 @@
 #pragma once
 // Density schedules (pure): which fraction of a selection unit the Top-k sparsifiers
-// (policies/topk.hpp) exchange at a given iteration, and k for a unit of n elements.
+// (engines/topk.hpp) exchange at a given iteration, and k for a unit of n elements.
 //
 // Sparse training warms up with denser exchanges (paper 003 section IV-A, after Lin et al.:
 // the first 4 epochs use 0.25, 0.0725, 0.015, 0.004, then 0.001 for CNNs). A schedule is a list

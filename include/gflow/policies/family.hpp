@@ -1,6 +1,6 @@
 #pragma once
 // Every gflow policy names its family with a nested `gflow_family` tag; the Exchanger sorts
-// its template arguments into families by that tag (detail/policy_set.hpp).
+// its template arguments into families by that tag (exchanger/policy_set.hpp).
 namespace gflow {
 struct precision_family {};
 struct fusion_family {};

@@ -43,7 +43,7 @@ struct Concurrent {
 };
 struct Chained {};
 
-/// The four strategies (the runners in detail/overlap.hpp implement exactly these).
+/// The four strategies (the runners in exchanger/runners.hpp implement exactly these).
 template <class S>
 struct is_overlap_strategy : std::false_type {};
 template <>
@@ -57,11 +57,15 @@ struct is_overlap_strategy<Chained> : std::true_type {};
 template <class S>
 concept overlap_strategy = is_overlap_strategy<S>::value;
 
+// Shaped like Sparsifier<S> on purpose (see the note in policies/sparsifier.hpp).
 template <class S = None>
 struct Overlap {
   static_assert(overlap_strategy<S>,
                 "gflow::Overlap<S>: S is not an overlap strategy. "
                 "Use gflow::None, gflow::Funneled, gflow::Concurrent<N> or gflow::Chained.");
+  // Instantiates S, so that a strategy's own check (Concurrent<0>) fires here and not never: a
+  // name alone does not instantiate a class template, and a runner over zero lanes would divide by 0.
+  static_assert(!overlap_strategy<S> || sizeof(S) > 0);
   using gflow_family = overlap_family;
   // None for a wrong S keeps Overlap<not-a-strategy> down to the one static_assert above.
   using strategy = std::conditional_t<overlap_strategy<S>, S, None>;

@@ -6,6 +6,7 @@
 // section 4.1).
 #include <concepts>
 #include <string_view>
+#include <type_traits>
 
 #include "../dtype.hpp"
 #include "family.hpp"
@@ -24,22 +25,15 @@ concept wire_format = requires {
   { W::name } -> std::convertible_to<std::string_view>;
 } && wire_element<typename W::type>;
 
-namespace detail {
-// Keeps Precision<not-a-wire-format> down to the one static_assert below.
-template <class W>
-struct wire_type_of { using type = float; };
-template <wire_format W>
-struct wire_type_of<W> { using type = typename W::type; };
-}  // namespace detail
-
 template <class W = wire::fp32>
 struct Precision {
   static_assert(wire_format<W>,
                 "gflow::Precision<W>: W is not a wire format. "
                 "Use gflow::wire::fp32, gflow::wire::fp16 or gflow::wire::bf16.");
   using gflow_family = precision_family;
-  using format = W;
-  using wire_type = typename detail::wire_type_of<W>::type;
+  // fp32 for a wrong W keeps Precision<not-a-wire-format> down to the one static_assert above.
+  using format = std::conditional_t<wire_format<W>, W, wire::fp32>;
+  using wire_type = typename format::type;
   static constexpr bool narrow = sizeof(wire_type) < sizeof(float);
 };
 

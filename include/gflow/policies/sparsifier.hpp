@@ -2,8 +2,8 @@
 // Sparsifier<S>: what part of the pool is exchanged, and what is kept back as residual.
 //
 // A scheme S provides an engine, built once per exchanger over its exchange context
-// (detail/exchange_context.hpp); the contract is the concept gflow::detail::sparsifier_engine
-// (detail/concepts.hpp), asserted after each engine:
+// (engines/context.hpp); the contract is the concept gflow::detail::sparsifier_engine
+// (engines/concepts.hpp), asserted after each engine:
 //
 //   template <class Ctx> class engine {
 //     explicit engine(Ctx& cx);       // after planning; may allocate here
@@ -21,63 +21,25 @@
 // on the caller's thread or on the Overlap policy's issuing thread. An engine that can split a
 // bucket's exchange into phases (needed by Overlap<Chained>) also has
 //     static constexpr bool phased = true;  request start(b);  void complete(b, request&);
-// Dense (the default) allreduces every bucket. The sparse schemes live in csc.hpp (CSC) and
-// topk.hpp (TopK, GTopK), which include this header; detail/policy_set.hpp includes all three.
+// Dense (the default) allreduces every bucket (engines/dense.hpp). The sparse schemes' tags are in
+// csc.hpp (CSC) and topk.hpp (TopK, GTopK), which include this header, their engines in
+// engines/csc.hpp and engines/topk/; exchanger/policy_set.hpp includes all three.
 #include <concepts>
 #include <cstddef>
 #include <type_traits>
 
-#include "../detail/archetype_context.hpp"
-#include "../detail/concepts.hpp"
+#include "../engines/archetype.hpp"
+#include "../engines/concepts.hpp"
+#include "../engines/dense.hpp"
 #include "family.hpp"
 
 namespace gflow {
 
+/// Every bucket allreduced whole (the default).
 struct Dense {
   template <class Ctx>
-  class engine {
-   public:
-    explicit engine(Ctx& cx) : cx_(&cx) { replan(); }
-    void replan() {
-      if constexpr (Ctx::narrow) wire_ = typename Ctx::backend::template buffer<typename Ctx::wire_type>(cx_->pool->total);
-    }
-    void exchange(std::size_t b) {
-      const auto& bk = (*cx_->buckets)[b];
-      cx_->dense_allreduce(cx_->grads + bk.offset, bk.count, wire_.data() + bk.offset);
-    }
-    // Phases, for Overlap<Chained>: start bucket b's collective, complete it later.
-    static constexpr bool phased = true;
-    // No state crosses buckets: Overlap<Concurrent<N>> may give buckets to N engines.
-    static constexpr bool independent_buckets = true;
-    using request = typename Ctx::request;
-    request start(std::size_t b) {
-      const auto& bk = (*cx_->buckets)[b];
-      return cx_->dense_start(cx_->grads + bk.offset, bk.count, wire_.data() + bk.offset);
-    }
-    void complete(std::size_t b, request& r) {
-      const auto& bk = (*cx_->buckets)[b];
-      cx_->dense_complete(cx_->grads + bk.offset, bk.count, wire_.data() + bk.offset, r);
-    }
-    void end_iteration() {}
-    [[nodiscard]] std::size_t wire_bytes() const { return cx_->pool->total * sizeof(typename Ctx::wire_type); }
-    // Checkpoints: Dense keeps nothing across iterations.
-    struct saved_state {};
-    template <class Writer>
-    void save_state(Writer&) const {}
-    template <class Reader>
-    [[nodiscard]] saved_state read_state(Reader&) const { return {}; }
-    void restore_state(saved_state&&) noexcept {}
-
-   private:
-    Ctx* cx_;
-    typename Ctx::backend::template buffer<typename Ctx::wire_type> wire_;
-  };
+  using engine = detail::dense_engine<Ctx>;
 };
-
-// Dense's engine meets gflow::detail::sparsifier_engine (detail/concepts.hpp), on fp32 and 16-bit wires.
-static_assert(detail::sparsifier_engine<Dense::engine<detail::archetype_context<>>, detail::archetype_context<>> &&
-                  detail::sparsifier_engine<Dense::engine<detail::archetype_context<half>>, detail::archetype_context<half>>,
-              "gflow::Dense::engine must meet gflow::detail::sparsifier_engine");
 
 /// A sparsification scheme: a class whose member template engine<Ctx> is the engine over an
 /// exchange context (Dense, CSC<chunk, percent>, TopK<d>, GTopK<d>, or one's own; the engine's
@@ -85,6 +47,10 @@ static_assert(detail::sparsifier_engine<Dense::engine<detail::archetype_context<
 template <class S>
 concept sparsifier_scheme = requires { typename S::template engine<detail::archetype_context<>>; };
 
+// The family wrappers (Sparsifier, Topology, Overlap) share this shape on purpose (duplicates lists
+// them as a pair): each is its own class template because its type name is what
+// composition_name<Set>() prints into checkpoints and the consistency check (support/fingerprint.hpp),
+// so one generic wrapper would change every saved checkpoint's fingerprint.
 template <class S = Dense>
 struct Sparsifier {
   static_assert(sparsifier_scheme<S>,
@@ -95,6 +61,16 @@ struct Sparsifier {
   using scheme = std::conditional_t<sparsifier_scheme<S>, S, Dense>;
   static constexpr bool dense = std::same_as<S, Dense>;
 };
+
+namespace detail {
+/// Whether a scheme's exchange goes through the Topology (every scheme's does, unless it says
+/// `static constexpr bool uses_topology = false;`, as TopK and GTopK do).
+template <class S>
+constexpr bool scheme_uses_topology() {
+  if constexpr (requires { S::uses_topology; }) return S::uses_topology;
+  else return true;
+}
+}  // namespace detail
 
 template <class P>
 concept sparsifier_policy = std::same_as<typename P::gflow_family, sparsifier_family> && requires { typename P::scheme; };

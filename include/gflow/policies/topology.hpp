@@ -46,139 +46,21 @@
 //   Every rank must use the same threshold, or ranks pick different algorithms for the same
 //   message; change it between iterations only.
 #include <concepts>
-#include <type_traits>
 #include <cstddef>
-#include <cstdint>
-#include <string>
+#include <type_traits>
 
-#include "../dtype.hpp"
-#include "../error.hpp"
-#include "../plan/groups.hpp"
-#include "../detail/concepts.hpp"
+#include "../engines/topology.hpp"
 #include "../transport/archetype.hpp"
 #include "../transport/transport.hpp"
 #include "family.hpp"
 
 namespace gflow {
 
+/// The transport's own allreduce.
 struct Ring {
   template <transport T>
-  class engine {
-   public:
-    using request = typename T::request;
-    explicit engine(T& t) : t_(&t) {}
-    template <class W>
-    void run(W* buf, std::size_t n) { t_->all_reduce(buf, n, reduce_op::sum); }
-    template <class W>
-    request start(W* buf, std::size_t n) { return t_->iall_reduce(buf, n, reduce_op::sum); }
-    void wait(request& r) { t_->wait(r); }
-   private:
-    T* t_;
-  };
+  using engine = detail::ring_engine<T>;
 };
-
-namespace detail {
-
-/// A transport whose operations, on it and on the sub-groups it splits off, run in one stream
-/// order (device memory, with a non-blocking reduce): dependent phases can be enqueued back to
-/// back without a host wait.
-template <class T>
-concept stream_ordered_transport = transport<T> && std::same_as<typename T::memory_space, device_memory> &&
-                                   requires(T& t, float* buf, std::size_t n) {
-                                     { t.ireduce(buf, n, reduce_op::sum, 0) } -> std::same_as<typename T::request>;
-                                   };
-
-/// The three-phase allreduce over a run-time group size (Hierarchical<g> and Hybrid<t, g>).
-template <transport T>
-class hierarchical_engine {
- public:
-  /// Which of the engine's transports issued a request.
-  enum class issuer : std::uint8_t { none, world, group, masters };
-  struct request {
-    typename T::request inner{};
-    issuer on = issuer::none;
-  };
-  /// True when start() enqueues the phases without waiting (see the header comment).
-  static constexpr bool nonblocking_start = stream_ordered_transport<T>;
-
-  /// Collective over t: every rank of t must construct it, with the same group size.
-  hierarchical_engine(T& t, int group_size)
-      : world_(&t), plan_(plan::plan_groups(t.size(), group_size)), group_(split(t, plan_.group_split(t.rank()))),
-        masters_(split(t, plan_.masters_split(t.rank()))), master_(plan_.is_master(t.rank())) {
-    verify();
-  }
-
-  /// Sums buf[0, n) over every rank of the transport, in place; complete on return.
-  template <class W>
-  void run(W* buf, std::size_t n) {
-    if (group_.size() > 1) group_.reduce(buf, n, reduce_op::sum, 0);
-    if (master_ && masters_.size() > 1) masters_.all_reduce(buf, n, reduce_op::sum);
-    if (group_.size() > 1) group_.broadcast(buf, n, 0);
-  }
-
-  /// Stream-ordered transports: enqueues the three phases and returns the last one's request.
-  /// Host transports: runs them (blocking) and returns a completed request.
-  template <class W>
-  request start(W* buf, std::size_t n) {
-    request r;
-    if constexpr (nonblocking_start) {
-      // Earlier phases' requests are dropped: the stream completes them before the last one.
-      if (group_.size() > 1) r = {group_.ireduce(buf, n, reduce_op::sum, 0), issuer::group};
-      if (master_ && masters_.size() > 1) r = {masters_.iall_reduce(buf, n, reduce_op::sum), issuer::masters};
-      if (group_.size() > 1) r = {group_.ibroadcast(buf, n, 0), issuer::group};
-    } else {
-      run(buf, n);
-    }
-    return r;
-  }
-
-  void wait(request& r) {
-    switch (r.on) {
-      case issuer::none: break;
-      case issuer::world: world_->wait(r.inner); break;
-      case issuer::group: group_.wait(r.inner); break;
-      case issuer::masters: masters_.wait(r.inner); break;
-    }
-    r.on = issuer::none;
-  }
-
-  // ---- introspection -----------------------------------------------------------------------
-  [[nodiscard]] const plan::group_plan& groups() const noexcept { return plan_; }
-  /// This rank's group (rank 0 there is the master).
-  [[nodiscard]] const T& group() const noexcept { return group_; }
-  /// The masters' group on a master; on any other rank, the spare group of non-masters.
-  [[nodiscard]] const T& masters() const noexcept { return masters_; }
-  [[nodiscard]] bool is_master() const noexcept { return master_; }
-
- private:
-  static T split(T& t, plan::split_args a) { return t.split(a.color, a.key); }
-
-  // A transport whose split does not group by colour and order by key would make the phases
-  // sum the wrong ranks: refuse it here rather than return a wrong gradient.
-  void verify() const {
-    const int r = world_->rank();
-    const int k = plan_.group_of(r);
-    check_sub("group", group_, plan_.size_of(k), plan_.local_rank(r));
-    if (master_) check_sub("masters", masters_, plan_.groups, k);
-  }
-  void check_sub(const char* which, const T& sub, int size, int rank) const {
-    if (sub.size() == size && sub.rank() == rank) return;
-    throw transport_error("split", std::string("Hierarchical: the ") + which + " sub-group of rank " + std::to_string(world_->rank()) + " of " +
-                                       std::to_string(world_->size()) + " has " + std::to_string(sub.size()) + " ranks with this rank at " +
-                                       std::to_string(sub.rank()) + "; the group plan expects " + std::to_string(size) + " ranks with it at " +
-                                       std::to_string(rank) + ".",
-                          "the transport's split(color, key) must put the ranks of one colour together, ordered by key "
-                          "(a gflow::mock::transport needs a split rule: mock::log::split_rule).");
-  }
-
-  T* world_;
-  plan::group_plan plan_;
-  T group_;
-  T masters_;
-  bool master_;
-};
-
-}  // namespace detail
 
 /// Three-phase allreduce over groups of GroupSize consecutive ranks (see the header comment).
 template <int GroupSize>
@@ -212,70 +94,12 @@ struct Hybrid {
   static constexpr int group_size = GroupSize;
 
   template <transport T>
-  class engine {
-    using hier_t = detail::hierarchical_engine<T>;
-
+  class engine : public detail::hybrid_engine<T> {
    public:
-    using request = typename hier_t::request;
-    static constexpr bool nonblocking_start = hier_t::nonblocking_start;
-
     /// Collective over t. Raises gflow::invalid_argument("group_size") when GroupSize > t.size().
-    explicit engine(T& t) : engine(t, ThresholdBytes, GroupSize) {}
+    explicit engine(T& t) : detail::hybrid_engine<T>(t, ThresholdBytes, GroupSize) {}
     /// Run-time threshold and group size (0 threshold or a bad group size: invalid_argument).
-    engine(T& t, std::size_t threshold_bytes, int group_size) : threshold_(checked(threshold_bytes)), ring_(t), hier_(t, group_size) {}
-
-    /// Run-time override of the threshold (an auto-tuner's knob). Every rank must pass the same
-    /// value, between iterations.
-    void set_threshold(std::size_t bytes) { threshold_ = checked(bytes); }
-    [[nodiscard]] std::size_t threshold() const noexcept { return threshold_; }
-    /// True when a message of n elements of W goes hierarchical (it is below the threshold).
-    template <class W>
-    [[nodiscard]] bool hierarchical_for(std::size_t n) const noexcept { return n * sizeof(W) < threshold_; }
-
-    template <class W>
-    void run(W* buf, std::size_t n) {
-      if (hierarchical_for<W>(n)) hier_.run(buf, n);
-      else ring_.run(buf, n);
-    }
-    template <class W>
-    request start(W* buf, std::size_t n) {
-      if (hierarchical_for<W>(n)) return hier_.start(buf, n);
-      return {ring_.start(buf, n), hier_t::issuer::world};
-    }
-    void wait(request& r) {
-      if (r.on == hier_t::issuer::world) {
-        ring_.wait(r.inner);
-        r.on = hier_t::issuer::none;
-      } else {
-        hier_.wait(r);
-      }
-    }
-
-    [[nodiscard]] const hier_t& hierarchical() const noexcept { return hier_; }
-
-    // Checkpoints (Exchanger::save_state / load_state): the run-time threshold. Ring and
-    // Hierarchical keep no run-time state (the group size is the type's).
-    template <class Writer>
-    void save_state(Writer& w) const { w.u64(threshold_); }
-    template <class Reader>
-    [[nodiscard]] std::size_t read_state(Reader& r) const {
-      const std::uint64_t t = r.u64("threshold_bytes");
-      if (t == 0) r.fail("threshold_bytes", "the checkpoint's Hybrid threshold is 0 (it must be positive).");
-      return static_cast<std::size_t>(t);
-    }
-    void restore_state(std::size_t t) noexcept { threshold_ = t; }
-
-   private:
-    static std::size_t checked(std::size_t bytes) {
-      if (bytes == 0)
-        throw invalid_argument("threshold_bytes", "the Hybrid threshold must be positive (got 0); messages below it go hierarchical, at or above it ring.",
-                               "pass the message size in bytes where ring starts to win (e.g. 1 << 20); for ring only, use Topology<Ring>.");
-      return bytes;
-    }
-
-    std::size_t threshold_;
-    Ring::engine<T> ring_;
-    hier_t hier_;
+    engine(T& t, std::size_t threshold_bytes, int group_size) : detail::hybrid_engine<T>(t, threshold_bytes, group_size) {}
   };
 };
 
@@ -285,6 +109,7 @@ struct Hybrid {
 template <class A>
 concept topology_algorithm = requires { typename A::template engine<transport_archetype<>>; };
 
+// Shaped like Sparsifier<S> on purpose (see the note there).
 template <class Algo = Ring>
 struct Topology {
   static_assert(topology_algorithm<Algo>,
@@ -302,16 +127,10 @@ static_assert(topology_policy<Topology<>>);
 static_assert(topology_policy<Topology<Hierarchical<8>>>);
 static_assert(topology_policy<Topology<Hybrid<(1 << 20), 8>>>);
 
-// The topology engines meet gflow::detail::topology_engine (detail/concepts.hpp).
-static_assert(detail::topology_engine<Ring::engine<transport_archetype<>>, transport_archetype<>, half> &&
-                  detail::topology_engine<Ring::engine<transport_archetype<>>, transport_archetype<>, bfloat16> &&
-                  !detail::checkpointed<Ring::engine<transport_archetype<>>>,
-              "Ring::engine must meet gflow::detail::topology_engine (detail/concepts.hpp)");
+// The tags bind engines that meet gflow::detail::topology_engine (engines/topology.hpp asserts them).
 static_assert(detail::topology_engine<Hierarchical<2>::engine<transport_archetype<>>, transport_archetype<>, half> &&
-                  !detail::checkpointed<Hierarchical<2>::engine<transport_archetype<>>>,
-              "Hierarchical<g>::engine must meet gflow::detail::topology_engine (detail/concepts.hpp)");
-static_assert(detail::topology_engine<Hybrid<1024, 2>::engine<transport_archetype<>>, transport_archetype<>, half> &&
+                  detail::topology_engine<Hybrid<1024, 2>::engine<transport_archetype<>>, transport_archetype<>, half> &&
                   detail::checkpointed<Hybrid<1024, 2>::engine<transport_archetype<>>>,
-              "Hybrid<t, g>::engine must meet gflow::detail::topology_engine and be checkpointed (detail/concepts.hpp)");
+              "Hierarchical<g>::engine and Hybrid<t, g>::engine must meet gflow::detail::topology_engine (engines/concepts.hpp)");
 
 }  // namespace gflow

@@ -1,6 +1,6 @@
 #pragma once
 // transport_archetype<Space>: every member the gflow::transport concept lists, with trivial
-// bodies and no behaviour. It exists so that the engine concepts (detail/concepts.hpp) can be
+// bodies and no behaviour. It exists so that the engine concepts (engines/concepts.hpp) can be
 // asserted right where each engine, topology engine and backend is defined, without a real
 // transport; nothing ever runs on it.
 #include <cstddef>
@@ -11,11 +11,8 @@
 namespace gflow {
 
 template <class Space = host_memory>
-struct transport_archetype {
-  using memory_space = Space;
+struct transport_archetype : transport_base<Space> {
   struct request {};
-  template <class E>
-  static constexpr bool can_reduce = wire_element<E>;
 
   [[nodiscard]] int rank() const { return 0; }
   [[nodiscard]] int size() const { return 1; }

@@ -220,11 +220,8 @@ inline void exec_split(slot& s, group& g) {
 
 }  // namespace detail
 
-class transport {
+class transport : public transport_base<host_memory> {
  public:
-  using memory_space = host_memory;
-  template <class E>
-  static constexpr bool can_reduce = wire_element<E>;
 
   /// A pending operation. Collectives carry their slot; a receive carries its destination.
   struct request {

@@ -85,11 +85,8 @@ struct log {
   }
 };
 
-class transport {
+class transport : public transport_base<host_memory> {
  public:
-  using memory_space = host_memory;
-  template <class E>
-  static constexpr bool can_reduce = wire_element<E>;
   struct request {
     bool active = false;
   };

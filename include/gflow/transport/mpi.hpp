@@ -58,11 +58,8 @@ namespace gflow::mpi {
 /// comment for why timeouts are on by default).
 inline constexpr std::chrono::milliseconds default_timeout = gflow::detail::default_timeout;
 
-class transport : public detail::stall_inspector {
+class transport : public detail::stall_inspector, public transport_base<host_memory> {
  public:
-  using memory_space = host_memory;
-  template <class E>
-  static constexpr bool can_reduce = wire_element<E>;
 
   /// Borrows `comm` (it is not freed). Sets MPI_ERRORS_RETURN on it so failures come back as
   /// error codes and are raised as gflow::transport_error. The timeout is default_timeout.
@@ -154,12 +151,7 @@ class transport : public detail::stall_inspector {
   /// In place: root's buf receives the reduction; the other ranks' buffers are only read.
   template <wire_element T>
   void reduce(T* buf, std::size_t n, reduce_op o, int root) {
-    check_peer(root, "root");
-    const count_t c = detail::count(n, "reduce");
-    request q = start("reduce", dtype_of_v<T>, n);
-    const bool me = rank_ == root;
-    const void* send = me ? MPI_IN_PLACE : static_cast<const void*>(buf);
-    void* recv = me ? static_cast<void*>(buf) : nullptr;
+    auto [c, q, send, recv] = begin_reduce(buf, n, root, "reduce");
     const MPI_Datatype t = detail::datatype<T>();
     const MPI_Op mo = detail::op<T>(o);
     const MPI_Comm m = comm_;
@@ -169,12 +161,7 @@ class transport : public detail::stall_inspector {
   }
   template <wire_element T>
   request ireduce(T* buf, std::size_t n, reduce_op o, int root) {
-    check_peer(root, "root");
-    const count_t c = detail::count(n, "ireduce");
-    request q = start("ireduce", dtype_of_v<T>, n);
-    const bool me = rank_ == root;
-    const void* send = me ? MPI_IN_PLACE : static_cast<const void*>(buf);
-    void* recv = me ? static_cast<void*>(buf) : nullptr;
+    auto [c, q, send, recv] = begin_reduce(buf, n, root, "ireduce");
     check(detail::ireduce(send, recv, c, detail::datatype<T>(), detail::op<T>(o), root, comm_, &q.r), "ireduce");
     return q;
   }
@@ -269,6 +256,22 @@ class transport : public detail::stall_inspector {
   }
 
  private:
+  // A reduce's checked count, its request, and its buffers: in place, the root passes MPI_IN_PLACE
+  // and receives into buf; the others only send.
+  struct reduce_call {
+    count_t count;
+    request q;
+    const void* send;
+    void* recv;
+  };
+  template <wire_element T>
+  reduce_call begin_reduce(T* buf, std::size_t n, int root, const char* op) {
+    check_peer(root, "root");
+    const count_t c = detail::count(n, op);
+    request q = start(op, dtype_of_v<T>, n);
+    if (rank_ == root) return {c, q, MPI_IN_PLACE, buf};
+    return {c, q, buf, nullptr};
+  }
   transport(std::shared_ptr<MPI_Comm> owned, std::chrono::milliseconds timeout)
       : stall_inspector(timeout), comm_(*owned), owned_(std::move(owned)) {
     init();

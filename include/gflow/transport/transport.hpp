@@ -61,6 +61,15 @@ inline void check_peer_rank(int p, int size, const char* what) {
 }
 }  // namespace detail
 
+/// What the built-in transports declare alike: their memory space, and that they sum every wire
+/// element (a transport that sums fewer types declares its own can_reduce instead).
+template <class Space>
+struct transport_base {
+  using memory_space = Space;
+  template <class E>
+  static constexpr bool can_reduce = wire_element<E>;
+};
+
 /// True when transport T can sum elements of type E (the exchanger's wire type).
 template <class T, class E>
 concept reduces = transport<T> && T::template can_reduce<E>;

@@ -1,4 +1,5 @@
 // build error: gflow::CSC<..., Percent>: the percent of chunks exchanged per iteration must lie in (0, 100].
+// build errors: 1
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/inproc.hpp>
 

@@ -1,4 +1,5 @@
 // build error: gflow::Exchanger: this transport works on device memory (NCCL) and needs the CUDA kernels.
+// build errors: 1
 // An NCCL-style transport (memory_space = device_memory) in a host-only translation unit.
 #include <gflow/exchanger.hpp>
 

@@ -1,4 +1,5 @@
 // build error: gflow::Hybrid<0, g>: the threshold must be positive.
+// build errors: 1
 // The assert reached through the Exchanger, the way a user meets it.
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mock.hpp>

@@ -1,4 +1,5 @@
 // build error: gflow::Exchanger: a template argument is not a gflow policy.
+// build errors: 1
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mock.hpp>
 

@@ -24,5 +24,11 @@ static_assert(sizeof(gflow::Exchanger<>::on<gflow::mock::transport>) > 0);
 static_assert(sizeof(gflow::Exchanger<gflow::Fusion<1024>, gflow::Precision<gflow::wire::bf16>>::on<gflow::mock::transport>) > 0);
 // fp32 on the wire works over a transport that only sums fp32.
 static_assert(sizeof(gflow::Exchanger<gflow::Precision<gflow::wire::fp32>>::on<gflow_test::fp32_only_transport>) > 0);
+// The compositions the refusing guards must let through, next to the ones they refuse.
+static_assert(sizeof(gflow::Exchanger<gflow::Sparsifier<gflow::CSC<64, 20>>, gflow::Topology<gflow::Hybrid<(1 << 20), 2>>>::on<gflow::mock::transport>) > 0);
+static_assert(sizeof(gflow::Exchanger<gflow::Sparsifier<gflow::TopK<0.01>>, gflow::Topology<gflow::Ring>>::on<gflow::mock::transport>) > 0);
+static_assert(sizeof(gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.01>>, gflow::Overlap<gflow::Funneled>>::on<gflow::mock::transport>) > 0);
+static_assert(sizeof(gflow::Exchanger<gflow::Fusion<1024>, gflow::Overlap<gflow::Concurrent<2>>>::on<gflow::mock::transport>) > 0);
+static_assert(sizeof(gflow::Exchanger<gflow::Fusion<1024>, gflow::Overlap<gflow::Chained>>::on<gflow::mock::transport>) > 0);
 
 int main() {}

@@ -1,4 +1,5 @@
 // build error: gflow::Overlap<S>: S is not an overlap strategy. Use gflow::None, gflow::Funneled, gflow::Concurrent<N> or gflow::Chained.
+// build errors: 1
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mock.hpp>
 

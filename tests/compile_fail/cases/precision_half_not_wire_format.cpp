@@ -1,4 +1,5 @@
 // build error: gflow::Precision<W>: W is not a wire format.
+// build errors: 1
 // A likely slip: the element type gflow::half instead of the tag gflow::wire::fp16.
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mock.hpp>

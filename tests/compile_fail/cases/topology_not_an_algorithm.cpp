@@ -1,4 +1,5 @@
 // build error: gflow::Topology<A>: A is not a topology algorithm. Use gflow::Ring, gflow::Hierarchical<group_size> or gflow::Hybrid<threshold_bytes, group_size>.
+// build errors: 1
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mock.hpp>
 

@@ -1,4 +1,5 @@
 // build error: gflow::Exchanger: the transport cannot sum the Precision policy's wire type.
+// build errors: 1
 // The transport's can_reduce<gflow::half> is false; fp16 on the wire must be refused at compile time.
 #include <gflow/exchanger.hpp>
 

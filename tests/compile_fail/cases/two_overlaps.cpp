@@ -1,4 +1,5 @@
 // build error: gflow::Exchanger: more than one Overlap policy. Keep exactly one gflow::Overlap<...>.
+// build errors: 1
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mock.hpp>
 

@@ -1,4 +1,5 @@
 // build error: gflow::Exchanger: more than one Precision policy. Keep exactly one gflow::Precision<...>.
+// build errors: 1
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mock.hpp>
 

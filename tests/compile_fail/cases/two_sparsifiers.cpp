@@ -1,4 +1,5 @@
 // build error: gflow::Exchanger: more than one Sparsifier policy. Keep exactly one gflow::Sparsifier<...>.
+// build errors: 1
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mock.hpp>
 

@@ -1,4 +1,5 @@
 // build error: gflow::Exchanger: more than one Topology policy. Keep exactly one gflow::Topology<...>.
+// build errors: 1
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mock.hpp>
 

@@ -28,26 +28,26 @@
 
 namespace gflow::detail {
 
+/// A transport with a control channel: all_gather / broadcast of host buffers next to its
+/// data path (device-memory transports need one; host transports use their own collectives).
+template <class T>
+concept has_control_channel = requires(T& t, const std::uint64_t* send, std::uint64_t* recv, std::size_t n) {
+  t.control_all_gather(send, recv, n);
+  t.control_broadcast(recv, n, 0);
+};
+template <class T>
+inline constexpr bool control_capable = has_control_channel<T> || std::is_same_v<typename T::memory_space, host_memory>;
+
 template <class T, class E>
 void control_all_gather(T& t, const E* send, E* recv, std::size_t n) {
-  if constexpr (requires { t.control_all_gather(send, recv, n); }) {
-    t.control_all_gather(send, recv, n);
-  } else {
-    static_assert(std::is_same_v<typename T::memory_space, host_memory>,
-                  "gflow: a device-memory transport must provide control_all_gather(const E*, E*, n) on host buffers.");
-    t.all_gather(send, recv, n);
-  }
+  if constexpr (has_control_channel<T>) t.control_all_gather(send, recv, n);
+  else t.all_gather(send, recv, n);
 }
 
 template <class T, class E>
 void control_broadcast(T& t, E* buf, std::size_t n, int root) {
-  if constexpr (requires { t.control_broadcast(buf, n, root); }) {
-    t.control_broadcast(buf, n, root);
-  } else {
-    static_assert(std::is_same_v<typename T::memory_space, host_memory>,
-                  "gflow: a device-memory transport must provide control_broadcast(E*, n, root) on host buffers.");
-    t.broadcast(buf, n, root);
-  }
+  if constexpr (has_control_channel<T>) t.control_broadcast(buf, n, root);
+  else t.broadcast(buf, n, root);
 }
 
 /// Every rank's string, in rank order (two all_gathers: lengths, then blocks padded to the longest).
@@ -95,6 +95,9 @@ inline std::string rank_list(const std::vector<int>& ranks) {
 /// all_gather when everything agrees). Throws mismatch_error on every rank otherwise.
 template <class T>
 void verify_consistency(T& t, const Layout& layout, const std::string& composition, consistency_options opt) {
+  static_assert(control_capable<T>,
+                "gflow: a device-memory transport must provide control_all_gather(const E*, E*, n) and "
+                "control_broadcast(E*, n, root) on host buffers (the consistency check runs on the host).");
   const int P = t.size();
   if (P <= 1) return;  // nothing to compare with
   constexpr std::size_t H = 6;

@@ -64,6 +64,13 @@ struct policy_set {
   static_assert(sparsifier_policy<sparsifier>);
   static_assert(topology_policy<topology>);
   static_assert(overlap_policy<overlap>);
+
+  // Composition rules between families (docs/DESIGN.md, "Which compositions compile").
+  static_assert(scheme_uses_topology<typename sparsifier::scheme>() || std::is_same_v<typename topology::algorithm, Ring>,
+                "gflow::Exchanger: Sparsifier<TopK<d>> and Sparsifier<GTopK<d>> exchange with their own all_gather or merge "
+                "tree and never use the Topology, so Topology<Hierarchical<g>> or Topology<Hybrid<t, g>> would only split "
+                "the communicator for nothing. Leave Topology out (Ring) with them, or use Hierarchical or Hybrid with "
+                "Sparsifier<Dense> or Sparsifier<CSC<...>>.");
 };
 
 }  // namespace gflow::detail

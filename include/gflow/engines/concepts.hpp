@@ -11,6 +11,8 @@
 //   checkpointed<E>              save_state / read_state / restore_state
 //   sparsifier_engine<E, Ctx>    what part of the pool one bucket exchanges
 //   counts_collectives<E>        optional: its own count of collectives for exchange_status
+//   phased_engine<E>             optional: start(b) / complete(b, request) (Overlap<Chained>)
+//   independent_buckets_engine<E> optional: no state crosses buckets (Overlap<Concurrent<N>>)
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -92,6 +94,13 @@ concept topk_backend =
       k.copy_n(h, ch, n);
     };
 
+/// The backend of a memory space: backend_for<host_memory> is engines/host_backend.hpp's,
+/// backend_for<device_memory> cuda/device_backend.cuh's (present only where that header is).
+template <class Space>
+struct backend_for;
+template <class Space>
+concept has_backend = requires { typename backend_for<Space>::type; };
+
 /// The backend's kernel context can be built over transport T (the exchanger and every
 /// Concurrent<N> lane build one).
 template <class B, class T>
@@ -124,7 +133,7 @@ concept topology_engine = transport<T> && std::constructible_from<E, T&> &&  // 
                           };
 
 // ---- sparsifier engine --------------------------------------------------------------------------
-/// Built once per exchanger over its exchange context (detail/exchange_context.hpp); exchange(b)
+/// Built once per exchanger over its exchange context (engines/context.hpp); exchange(b)
 /// runs in pool order, once per bucket per iteration, on every rank in the same order.
 template <class E, class Ctx>
 concept sparsifier_engine = std::constructible_from<E, Ctx&> && checkpointed<E> && requires(E& e, const E& ce, std::size_t b) {
@@ -139,5 +148,18 @@ template <class E>
 concept counts_collectives = requires(const E& e) {
   { e.collectives() } -> std::convertible_to<std::size_t>;
 };
+
+/// Optional: the engine splits a bucket's exchange into start and complete, so that Overlap<Chained>
+/// can start every ready bucket before completing any.
+template <class E>
+concept phased_engine = requires(E& e, std::size_t b, typename E::request& r) {
+  requires E::phased;
+  { e.start(b) } -> std::same_as<typename E::request>;
+  e.complete(b, r);
+};
+
+/// Optional: no state crosses buckets, so Overlap<Concurrent<N>> may give buckets to N engines.
+template <class E>
+concept independent_buckets_engine = requires { requires E::independent_buckets; };
 
 }  // namespace gflow::detail

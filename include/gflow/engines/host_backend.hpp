@@ -23,7 +23,7 @@
 //     accumulate_select_topk, take_selected_dropping, pack, unpack_checked, fill_zero, scatter_add,
 //     merge_topk, decode_scatter_counted, restore_unselected, restore_records_in, copy_n
 //   download(host_dst, src, n) / upload(dst, host_src, n)   transfers to / from the host (here: copies)
-// The contract is gflow::detail::backend (detail/concepts.hpp), asserted below.
+// The contract is gflow::detail::backend (engines/concepts.hpp), asserted below.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -183,6 +183,17 @@ struct host_backend {
 };
 
 static_assert(backend<host_backend> && topk_backend<host_backend> && backend_for_transport<host_backend, transport_archetype<>>,
-              "gflow::detail::host_backend must meet gflow::detail::backend (detail/concepts.hpp)");
+              "gflow::detail::host_backend must meet gflow::detail::backend (engines/concepts.hpp)");
+
+template <>
+struct backend_for<host_memory> { using type = host_backend; };
+// backend_for<device_memory> lives in include/gflow/cuda/device_backend.cuh.
+
+// The backend, or the host one where none exists, so a missing CUDA backend is reported by the
+// exchanger's static_assert alone rather than by a cascade of incomplete-type errors.
+template <class Space>
+struct backend_or_host { using type = host_backend; };
+template <has_backend Space>
+struct backend_or_host<Space> { using type = typename backend_for<Space>::type; };
 
 }  // namespace gflow::detail

@@ -1,0 +1,9 @@
+// build error: gflow::Exchanger: this transport works on device memory (NCCL) and needs the CUDA kernels.
+// build errors: 1
+// CSC on a device-memory transport in a host-only translation unit (no <gflow/cuda/exchanger.cuh>).
+#include <gflow/exchanger.hpp>
+
+#include "fake_transports.hpp"
+
+using E = gflow::Exchanger<gflow::Sparsifier<gflow::CSC<32768, 15>>, gflow::Fusion<4 << 20>>;
+static_assert(sizeof(E::on<gflow_test::device_transport>) > 0);
