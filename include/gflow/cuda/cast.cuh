@@ -36,6 +36,7 @@
 #include "../dtype.hpp"
 #include "../error.hpp"
 #include "check.cuh"
+#include "launch.cuh"
 
 namespace gflow::cuda {
 
@@ -46,12 +47,7 @@ inline constexpr unsigned block_threads = 256;
 // threads) busy several times over; more blocks only add scheduling and atomics.
 inline constexpr std::size_t max_blocks = 4096;
 
-inline unsigned grid_for(std::size_t work) {
-  std::size_t b = (work + block_threads - 1) / block_threads;
-  if (b > max_blocks) b = max_blocks;
-  if (b == 0) b = 1;
-  return static_cast<unsigned>(b);
-}
+inline unsigned grid_for(std::size_t work) { return blocks_for(work, block_threads, max_blocks); }
 
 /// How a range of n elements is cut for 4-wide vector access: [0, head) scalar,
 /// [head, head + 4 * nvec) vectorised, the rest scalar.
@@ -176,11 +172,6 @@ __device__ __forceinline__ void warp_add(unsigned long long* counter, unsigned l
   if ((threadIdx.x & 31u) == 0 && local != 0) atomicAdd(counter, local);
 }
 
-__device__ __forceinline__ std::size_t thread_index() {
-  return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ std::size_t grid_stride() { return static_cast<std::size_t>(gridDim.x) * blockDim.x; }
-
 template <class W>
 __global__ void __launch_bounds__(block_threads)
     scale_to_wire_kernel(const float* __restrict__ in, raw_t<W>* __restrict__ out, std::size_t n, float s, vec_split cut) {
@@ -271,9 +262,8 @@ void scale_to_wire(const float* in, W* out, std::size_t n, float scale, cudaStre
   if (n == 0) return;
   using raw = kernel_detail::raw_t<W>;
   const auto cut = kernel_detail::split_for_vectors(in, out, sizeof(W), n);
-  kernel_detail::scale_to_wire_kernel<W><<<kernel_detail::grid_for(cut, n), kernel_detail::block_threads, 0, stream>>>(
-      in, reinterpret_cast<raw*>(out), n, scale, cut);
-  check_cuda(cudaGetLastError(), "launch of gflow::cuda::scale_to_wire");
+  kernel_detail::launch(kernel_detail::scale_to_wire_kernel<W>, kernel_detail::grid_for(cut, n), kernel_detail::block_threads, stream,
+                        "launch of gflow::cuda::scale_to_wire", in, reinterpret_cast<raw*>(out), n, scale, cut);
 }
 
 /// out[i] = float(in[i]); adds the number of inf / NaN results to *nonfinite_counter (a device
@@ -285,18 +275,16 @@ void wire_to_float(const W* in, float* out, std::size_t n, unsigned long long* n
   if (n == 0) return;
   using raw = kernel_detail::raw_t<W>;
   const auto cut = kernel_detail::split_for_vectors(out, in, sizeof(W), n);
-  kernel_detail::wire_to_float_kernel<W><<<kernel_detail::grid_for(cut, n), kernel_detail::block_threads, 0, stream>>>(
-      reinterpret_cast<const raw*>(in), out, n, nonfinite_counter, cut);
-  check_cuda(cudaGetLastError(), "launch of gflow::cuda::wire_to_float");
+  kernel_detail::launch(kernel_detail::wire_to_float_kernel<W>, kernel_detail::grid_for(cut, n), kernel_detail::block_threads, stream,
+                        "launch of gflow::cuda::wire_to_float", reinterpret_cast<const raw*>(in), out, n, nonfinite_counter, cut);
 }
 
 /// buf[i] *= scale; adds the number of inf / NaN results to *nonfinite_counter (nullptr: no count).
 inline void scale_in_place(float* buf, std::size_t n, float scale, unsigned long long* nonfinite_counter, cudaStream_t stream) {
   if (n == 0) return;
   const auto cut = kernel_detail::split_for_vectors(buf, nullptr, 0, n);
-  kernel_detail::scale_count_kernel<true><<<kernel_detail::grid_for(cut, n), kernel_detail::block_threads, 0, stream>>>(
-      buf, n, scale, nonfinite_counter, cut);
-  check_cuda(cudaGetLastError(), "launch of gflow::cuda::scale_in_place");
+  kernel_detail::launch(kernel_detail::scale_count_kernel<true>, kernel_detail::grid_for(cut, n), kernel_detail::block_threads, stream,
+                        "launch of gflow::cuda::scale_in_place", buf, n, scale, nonfinite_counter, cut);
 }
 
 /// Adds the number of inf / NaN values in buf to *nonfinite_counter (required).
@@ -307,9 +295,8 @@ inline void count_nonfinite(const float* buf, std::size_t n, unsigned long long*
   if (n == 0) return;
   const auto cut = kernel_detail::split_for_vectors(buf, nullptr, 0, n);
   // The kernel only reads buf when it does not scale.
-  kernel_detail::scale_count_kernel<false><<<kernel_detail::grid_for(cut, n), kernel_detail::block_threads, 0, stream>>>(
-      const_cast<float*>(buf), n, 1.0f, nonfinite_counter, cut);
-  check_cuda(cudaGetLastError(), "launch of gflow::cuda::count_nonfinite");
+  kernel_detail::launch(kernel_detail::scale_count_kernel<false>, kernel_detail::grid_for(cut, n), kernel_detail::block_threads, stream,
+                        "launch of gflow::cuda::count_nonfinite", const_cast<float*>(buf), n, 1.0f, nonfinite_counter, cut);
 }
 
 }  // namespace gflow::cuda

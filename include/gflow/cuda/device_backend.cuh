@@ -47,15 +47,14 @@
 #include "../engines/concepts.hpp"
 #include "cast.cuh"
 #include "check.cuh"
+#include "memory.cuh"
 #include "sparse_chunks.cuh"
 #include "topk.cuh"
 #include "topk_engine.cuh"
 
 namespace gflow::detail {
 
-struct cuda_free {
-  void operator()(void* p) const noexcept { (void)cudaFree(p); }
-};
+using cuda::cuda_free;  // cuda/memory.cuh
 
 /// Owning, zero-filled device array on the device current at construction.
 template <class E>

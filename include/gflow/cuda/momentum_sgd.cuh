@@ -17,12 +17,15 @@
 #include <cstdint>
 
 #include "check.cuh"
+#include "launch.cuh"
 
 namespace gflow::cuda {
 
 namespace sgd_detail {
 
 inline constexpr unsigned block_threads = 256;
+inline constexpr std::size_t max_chunk_blocks = 65535;  // step: one block per listed chunk
+inline constexpr std::size_t max_blocks = 4096;         // step_all: grid-stride over the elements
 
 __device__ __forceinline__ void update(float& w, float g, float& hu, float lr, float momentum) {
   const float u = __fadd_rn(__fmul_rn(momentum, hu), __fmul_rn(lr, g));
@@ -59,17 +62,14 @@ static __global__ void step_all_kernel(float* w, const float* g, float* hu, std:
 inline void momentum_sgd_step(float* w, const float* g, float* hu, std::size_t offset, std::size_t n, std::size_t chunk_elems,
                               const std::uint32_t* selected, std::size_t count, float lr, float momentum, cudaStream_t stream) {
   if (n == 0 || count == 0) return;
-  const unsigned blocks = static_cast<unsigned>(count < 65535 ? count : 65535);
-  sgd_detail::step_kernel<<<blocks, sgd_detail::block_threads, 0, stream>>>(w, g, hu, offset, n, chunk_elems, selected, count, lr, momentum);
-  check_cuda(cudaGetLastError(), "launch of gflow::cuda::momentum_sgd_step");
+  kernel_detail::launch(sgd_detail::step_kernel, kernel_detail::blocks_for(count, 1, sgd_detail::max_chunk_blocks), sgd_detail::block_threads,
+                        stream, "launch of gflow::cuda::momentum_sgd_step", w, g, hu, offset, n, chunk_elems, selected, count, lr, momentum);
 }
 
 inline void momentum_sgd_step_all(float* w, const float* g, float* hu, std::size_t n, float lr, float momentum, cudaStream_t stream) {
   if (n == 0) return;
-  std::size_t b = (n + sgd_detail::block_threads - 1) / sgd_detail::block_threads;
-  if (b > 4096) b = 4096;
-  sgd_detail::step_all_kernel<<<static_cast<unsigned>(b), sgd_detail::block_threads, 0, stream>>>(w, g, hu, n, lr, momentum);
-  check_cuda(cudaGetLastError(), "launch of gflow::cuda::momentum_sgd_step_all");
+  kernel_detail::launch(sgd_detail::step_all_kernel, kernel_detail::blocks_for(n, sgd_detail::block_threads, sgd_detail::max_blocks),
+                        sgd_detail::block_threads, stream, "launch of gflow::cuda::momentum_sgd_step_all", w, g, hu, n, lr, momentum);
 }
 
 }  // namespace gflow::cuda

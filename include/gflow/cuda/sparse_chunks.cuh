@@ -53,18 +53,19 @@
 #include "../error.hpp"
 #include "cast.cuh"
 #include "check.cuh"
+#include "launch.cuh"
+#include "memory.cuh"
 
 namespace gflow::cuda {
 
 namespace chunk_detail {
 
 inline constexpr unsigned block_threads = 256;
-inline constexpr std::size_t max_blocks = 65535;
+inline constexpr std::size_t max_blocks = 65535;        // chunk kernels: one block per listed chunk
+inline constexpr std::size_t max_stride_blocks = 4096;  // element-wise kernels: grid-stride loops
 
-inline unsigned blocks_for(std::size_t count) {
-  if (count == 0) return 1;
-  return static_cast<unsigned>(count < max_blocks ? count : max_blocks);
-}
+inline unsigned blocks_for(std::size_t count) { return kernel_detail::blocks_for(count, 1, max_blocks); }
+inline unsigned grid_for(std::size_t work) { return kernel_detail::blocks_for(work, block_threads, max_stride_blocks); }
 
 __device__ __forceinline__ std::size_t chunk_end(std::size_t c, std::size_t n, std::size_t C) {
   const std::size_t e = (c + 1) * C;
@@ -123,8 +124,8 @@ template <mode M>
 void launch(const char* what, float* pool, float* hist, const float* in, float* out, std::size_t n, std::size_t C, const std::uint32_t* list,
             std::size_t count, float momentum, float* norms, float scale, cudaStream_t stream) {
   if (count == 0) return;
-  chunk_kernel<M><<<blocks_for(count), block_threads, 0, stream>>>(pool, hist, in, out, n, C, list, count, momentum, norms, scale);
-  check_cuda(cudaGetLastError(), what);
+  kernel_detail::launch(chunk_kernel<M>, blocks_for(count), block_threads, stream, what, pool, hist, in, out, n, C, list, count, momentum, norms,
+                        scale);
 }
 
 // Same map as kernels::chunk_key.
@@ -156,17 +157,6 @@ static __global__ void place_kernel(const std::uint32_t* flags, const std::uint3
     out[at] = static_cast<std::uint32_t>(c);
   }
 }
-
-inline unsigned grid_for(std::size_t work) {
-  std::size_t b = (work + block_threads - 1) / block_threads;
-  if (b > 4096) b = 4096;
-  if (b == 0) b = 1;
-  return static_cast<unsigned>(b);
-}
-
-struct cuda_free {
-  void operator()(void* p) const noexcept { (void)cudaFree(p); }
-};
 
 }  // namespace chunk_detail
 
@@ -276,9 +266,8 @@ void launch_fused(const char* what, float* pool, float* hist, const W* win, W* w
                   const std::uint32_t* list, std::size_t count, float a, float u, float* norms, float norm_scale, unsigned long long* counter,
                   cudaStream_t stream) {
   if (count == 0) return;
-  fused_chunk_kernel<M, W><<<blocks_for(count), block_threads, 0, stream>>>(pool, hist, win, wout, fin, n, C, list, count, a, u, norms, norm_scale,
-                                                                            counter);
-  check_cuda(cudaGetLastError(), what);
+  kernel_detail::launch(fused_chunk_kernel<M, W>, blocks_for(count), block_threads, stream, what, pool, hist, win, wout, fin, n, C, list, count, a,
+                        u, norms, norm_scale, counter);
 }
 
 // static: a non-template kernel in a header has one definition per translation unit.
@@ -337,8 +326,8 @@ inline void defer_chunks_exact(float* pool, float* hist, std::size_t n, std::siz
 /// counter += the number of listed entries v[list[j]] that are inf or NaN.
 inline void count_nonfinite_at(const float* v, const std::uint32_t* list, std::size_t count, unsigned long long* counter, cudaStream_t stream) {
   if (count == 0) return;
-  chunk_detail::count_at_kernel<<<chunk_detail::grid_for(count), chunk_detail::block_threads, 0, stream>>>(v, list, count, counter);
-  check_cuda(cudaGetLastError(), "launch of gflow::cuda::count_nonfinite_at");
+  kernel_detail::launch(chunk_detail::count_at_kernel, chunk_detail::grid_for(count), chunk_detail::block_threads, stream,
+                        "launch of gflow::cuda::count_nonfinite_at", v, list, count, counter);
 }
 
 /// Top-k chunk selection on the device, the twin of kernels::select_top_chunks. Owns its
@@ -384,22 +373,21 @@ class chunk_selector {
     std::uint32_t* flags = w + 4 * max_;
     std::uint32_t* pos = w + 5 * max_;
     void* temp = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(w + 6 * max_) + 15) & ~std::uintptr_t{15});
-    keys_kernel<<<grid_for(chunks), block_threads, 0, stream>>>(norms, chunks, keys, index, flags);
-    check_cuda(cudaGetLastError(), "launch of the chunk selector's key kernel");
+    kernel_detail::launch(keys_kernel, grid_for(chunks), block_threads, stream, "launch of the chunk selector's key kernel", norms, chunks, keys,
+                          index, flags);
     if (k != 0) {
       std::size_t bytes = temp_bytes_;
       // Stable: equal keys keep their input order, i.e. ascending chunk index.
       check_cuda(cub::DeviceRadixSort::SortPairsDescending(temp, bytes, keys, keys_sorted, index, index_sorted, static_cast<int>(chunks), 0, 32,
                                                            stream),
                  "cub::DeviceRadixSort::SortPairsDescending of the chunk norms");
-      mark_kernel<<<grid_for(k), block_threads, 0, stream>>>(index_sorted, k, flags);
-      check_cuda(cudaGetLastError(), "launch of the chunk selector's mark kernel");
+      kernel_detail::launch(mark_kernel, grid_for(k), block_threads, stream, "launch of the chunk selector's mark kernel", index_sorted, k, flags);
     }
     std::size_t bytes = temp_bytes_;
     check_cuda(cub::DeviceScan::ExclusiveSum(temp, bytes, flags, pos, static_cast<int>(chunks), stream),
                "cub::DeviceScan::ExclusiveSum of the chunk flags");
-    place_kernel<<<grid_for(chunks), block_threads, 0, stream>>>(flags, pos, chunks, k, out);
-    check_cuda(cudaGetLastError(), "launch of the chunk selector's place kernel");
+    kernel_detail::launch(place_kernel, grid_for(chunks), block_threads, stream, "launch of the chunk selector's place kernel", flags, pos, chunks,
+                          k, out);
   }
 
   [[nodiscard]] std::size_t max_chunks() const noexcept { return max_; }
@@ -407,7 +395,7 @@ class chunk_selector {
  private:
   std::size_t max_;
   std::size_t temp_bytes_ = 0;
-  std::unique_ptr<void, chunk_detail::cuda_free> mem_;
+  std::unique_ptr<void, cuda_free> mem_;
 };
 
 }  // namespace gflow::cuda

@@ -53,135 +53,32 @@
 //   - Communicators must be blocking (the default; ncclConfig_t::blocking = 1).
 //   - Device: each operation makes the transport's device current for its duration, so a rank
 //     can be driven from any thread. Buffers must live on that device.
+//
+// The parts, one concern each, under transport/nccl/: check.hpp (<nccl.h>, NCCL's data types, the
+// check of every NCCL call), group.hpp (gflow::nccl::group, ownership), watchdog.hpp (the
+// communicator's watchdog: asynchronous errors, timeouts, abort; the base of the transport).
 #include <cuda_runtime_api.h>
-#include <nccl.h>
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "../cuda/check.cuh"
-#include "timeout.hpp"
+#include "../cuda/memory.cuh"
 #include "../dtype.hpp"
 #include "../error.hpp"
+#include "nccl/check.hpp"
+#include "nccl/group.hpp"
+#include "nccl/watchdog.hpp"
+#include "timeout.hpp"
 #include "transport.hpp"
 
 namespace gflow::nccl {
 
-namespace detail {
-
-template <class T>
-inline constexpr bool dependent_false = false;
-
-/// NCCL's data type for a gflow wire element. NCCL reduces every type gflow moves.
-template <class T>
-constexpr ncclDataType_t data_type() noexcept {
-  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
-  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
-  else if constexpr (std::is_same_v<T, half>) return ncclFloat16;
-  else if constexpr (std::is_same_v<T, bfloat16>) return ncclBfloat16;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
-  else if constexpr (std::is_same_v<T, std::uint32_t>) return ncclUint32;
-  else if constexpr (std::is_same_v<T, std::uint64_t>) return ncclUint64;
-  else if constexpr (std::is_same_v<T, std::uint8_t>) return ncclUint8;
-  else static_assert(dependent_false<T>, "gflow::nccl: no NCCL data type for this element type.");
-}
-
-constexpr ncclRedOp_t red_op(reduce_op op) noexcept {
-  switch (op) {
-    case reduce_op::sum: return ncclSum;
-    case reduce_op::max: return ncclMax;
-    case reduce_op::min: return ncclMin;
-  }
-  return ncclSum;
-}
-
-inline const char* fix_for(ncclResult_t r) noexcept {
-  switch (r) {
-    case ncclUnhandledCudaError:
-      return "a CUDA call inside NCCL failed: check that the buffers are device memory of this rank's device and "
-             "that no earlier kernel faulted (run under compute-sanitizer); NCCL_DEBUG=INFO shows the CUDA error.";
-    case ncclSystemError:
-      return "a system call failed (sockets, shared memory, /dev/shm size, ulimits): check the host setup; "
-             "NCCL_DEBUG=INFO shows which call.";
-    case ncclInternalError:
-      return "NCCL hit an internal error: rerun with NCCL_DEBUG=INFO and report it with that log.";
-    case ncclInvalidArgument:
-      return "check the arguments: device pointers on this rank's device, element counts, and root / peer ranks "
-             "in [0, size()).";
-    case ncclInvalidUsage:
-      return "every rank must issue the same collectives in the same order with the same counts and types, "
-             "and a communicator must not be used by two threads at once.";
-    case ncclRemoteError:
-      return "a peer rank exited or the network failed: the communicator is unusable; destroy the transports "
-             "and restart the job (or the failed ranks).";
-    case ncclInProgress:
-      return "the communicator is non-blocking; gflow::nccl::transport needs a blocking communicator "
-             "(ncclConfig_t::blocking = 1, the default).";
-    default:
-      return "rerun with NCCL_DEBUG=INFO to see what NCCL did.";
-  }
-}
-
-/// Throws gflow::transport_error for a failed NCCL call; `who` says which rank.
-[[noreturn]] inline void fail(ncclResult_t r, const char* op, const std::string& who, ncclComm_t comm) {
-  std::string msg = std::string(op) + " failed on " + who + ": " + ncclGetErrorString(r) + ".";
-  const char* last = ncclGetLastError(comm);
-  if (last != nullptr && *last != '\0') msg += std::string(" NCCL: ") + last;
-  throw transport_error(op, msg, fix_for(r));
-}
-
-inline int& group_depth() noexcept {
-  thread_local int depth = 0;
-  return depth;
-}
-
-}  // namespace detail
-
-/// Who destroys a communicator handed to gflow::nccl::transport.
-enum class ownership { borrowed, owned };
-
-/// ncclGroupStart / ncclGroupEnd as a scope. end() reports a failed ncclGroupEnd; the destructor
-/// ends a group still open (while unwinding, ignoring errors).
-///
-///   { gflow::nccl::group g; for (auto& t : ranks) reqs.push_back(t.iall_reduce(buf[t.rank()], n, sum)); g.end(); }
-class group {
- public:
-  group() {
-    const ncclResult_t r = ncclGroupStart();
-    if (r != ncclSuccess) detail::fail(r, "ncclGroupStart", "this thread", nullptr);
-    ++detail::group_depth();
-  }
-  group(const group&) = delete;
-  group& operator=(const group&) = delete;
-  ~group() {
-    if (open_) {
-      --detail::group_depth();
-      (void)ncclGroupEnd();
-    }
-  }
-  void end() {
-    if (!open_) return;
-    open_ = false;
-    --detail::group_depth();
-    const ncclResult_t r = ncclGroupEnd();
-    if (r != ncclSuccess) detail::fail(r, "ncclGroupEnd", "this thread", nullptr);
-  }
-  /// True while this thread is inside a gflow::nccl::group.
-  [[nodiscard]] static bool active() noexcept { return detail::group_depth() > 0; }
-
- private:
-  bool open_ = true;
-};
-
-class transport {
+class transport : public detail::comm_watch {
  public:
   using memory_space = device_memory;
   /// NCCL sums (and takes max / min of) every element type gflow moves: f32, f64, f16, bf16,
@@ -284,89 +181,62 @@ class transport {
   // ---- collectives -------------------------------------------------------------------------
   template <wire_element T>
   request iall_reduce(T* buf, std::size_t n, reduce_op op) {
-    live("all_reduce");
-    cuda::device_guard g(device_);
-    check(ncclAllReduce(buf, buf, n, detail::data_type<T>(), detail::red_op(op), comm_, stream()), "all_reduce (ncclAllReduce)");
-    return record("all_reduce");
+    return issue("all_reduce", "all_reduce (ncclAllReduce)",
+                 [&] { return ncclAllReduce(buf, buf, n, detail::data_type<T>(), detail::red_op(op), comm_, stream()); });
   }
   /// recv holds n * size() elements, in rank order.
   template <wire_element T>
   request iall_gather(const T* send, T* recv, std::size_t n) {
-    live("all_gather");
-    cuda::device_guard g(device_);
-    check(ncclAllGather(send, recv, n, detail::data_type<T>(), comm_, stream()), "all_gather (ncclAllGather)");
-    return record("all_gather");
+    return issue("all_gather", "all_gather (ncclAllGather)", [&] { return ncclAllGather(send, recv, n, detail::data_type<T>(), comm_, stream()); });
   }
   template <wire_element T>
   request ibroadcast(T* buf, std::size_t n, int root) {
     check_peer(root, "root");
-    live("broadcast");
-    cuda::device_guard g(device_);
-    check(ncclBroadcast(buf, buf, n, detail::data_type<T>(), root, comm_, stream()), "broadcast (ncclBroadcast)");
-    return record("broadcast");
+    return issue("broadcast", "broadcast (ncclBroadcast)", [&] { return ncclBroadcast(buf, buf, n, detail::data_type<T>(), root, comm_, stream()); });
   }
   /// In place; the result lands in root's buf only.
   template <wire_element T>
   request ireduce(T* buf, std::size_t n, reduce_op op, int root) {
     check_peer(root, "root");
-    live("reduce");
-    cuda::device_guard g(device_);
-    check(ncclReduce(buf, buf, n, detail::data_type<T>(), detail::red_op(op), root, comm_, stream()), "reduce (ncclReduce)");
-    return record("reduce");
+    return issue("reduce", "reduce (ncclReduce)",
+                 [&] { return ncclReduce(buf, buf, n, detail::data_type<T>(), detail::red_op(op), root, comm_, stream()); });
   }
   template <wire_element T>
   request isend(const T* buf, std::size_t n, int peer) {
     check_peer(peer, "peer");
-    live("send");
-    cuda::device_guard g(device_);
-    check(ncclSend(buf, n, detail::data_type<T>(), peer, comm_, stream()), "send (ncclSend)");
-    return record("send");
+    return issue("send", "send (ncclSend)", [&] { return ncclSend(buf, n, detail::data_type<T>(), peer, comm_, stream()); });
   }
   template <wire_element T>
   request irecv(T* buf, std::size_t n, int peer) {
     check_peer(peer, "peer");
-    live("recv");
-    cuda::device_guard g(device_);
-    check(ncclRecv(buf, n, detail::data_type<T>(), peer, comm_, stream()), "recv (ncclRecv)");
-    return record("recv");
+    return issue("recv", "recv (ncclRecv)", [&] { return ncclRecv(buf, n, detail::data_type<T>(), peer, comm_, stream()); });
   }
 
+  // The blocking forms: the i-form, then wait (refused inside a group, where it would never complete).
   template <wire_element T>
   void all_reduce(T* buf, std::size_t n, reduce_op op) {
-    refuse_in_group("all_reduce");
-    auto r = iall_reduce(buf, n, op);
-    wait(r);
+    blocking("all_reduce", [&] { return iall_reduce(buf, n, op); });
   }
   template <wire_element T>
   void all_gather(const T* send, T* recv, std::size_t n) {
-    refuse_in_group("all_gather");
-    auto r = iall_gather(send, recv, n);
-    wait(r);
+    blocking("all_gather", [&] { return iall_gather(send, recv, n); });
   }
   template <wire_element T>
   void broadcast(T* buf, std::size_t n, int root) {
-    refuse_in_group("broadcast");
-    auto r = ibroadcast(buf, n, root);
-    wait(r);
+    blocking("broadcast", [&] { return ibroadcast(buf, n, root); });
   }
   template <wire_element T>
   void reduce(T* buf, std::size_t n, reduce_op op, int root) {
-    refuse_in_group("reduce");
-    auto r = ireduce(buf, n, op, root);
-    wait(r);
+    blocking("reduce", [&] { return ireduce(buf, n, op, root); });
   }
   /// Returns once the data has left (the peer's matching recv must be in flight).
   template <wire_element T>
   void send(const T* buf, std::size_t n, int peer) {
-    refuse_in_group("send");
-    auto r = isend(buf, n, peer);
-    wait(r);
+    blocking("send", [&] { return isend(buf, n, peer); });
   }
   template <wire_element T>
   void recv(T* buf, std::size_t n, int peer) {
-    refuse_in_group("recv");
-    auto r = irecv(buf, n, peer);
-    wait(r);
+    blocking("recv", [&] { return irecv(buf, n, peer); });
   }
 
   /// Every rank of the group has reached the barrier (an allreduce of one int), and this rank's
@@ -432,17 +302,6 @@ class transport {
     }
   }
 
-  // ---- timeouts ----------------------------------------------------------------------------
-  /// Bounds every later host wait of this transport (0: wait forever). Sub-groups made by
-  /// split() afterwards inherit it.
-  void set_timeout(std::chrono::milliseconds t) {
-    gflow::detail::check_timeout(t);
-    timeout_ = t;
-  }
-  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
-  /// True once a timeout or an asynchronous error made this transport abort its communicator.
-  [[nodiscard]] bool aborted() const noexcept { return !aborted_.empty(); }
-
   // ---- control messages (host buffers) -------------------------------------------------------
   /// all_gather of a few host elements (the exchanger's consistency check), staged through a
   /// device buffer of this rank; returns when recv holds every rank's block.
@@ -452,10 +311,10 @@ class transport {
     live("control_all_gather");
     cuda::device_guard g(device_);
     const std::size_t P = static_cast<std::size_t>(size_);
-    staging<T> d(n * (P + 1));
-    cuda::check_cuda(cudaMemcpyAsync(d.p + n * P, send, n * sizeof(T), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync of a control message");
-    check(ncclAllGather(d.p + n * P, d.p, n, detail::data_type<T>(), comm_, stream()), "control_all_gather (ncclAllGather)");
-    cuda::check_cuda(cudaMemcpyAsync(recv, d.p, n * P * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync of a control message");
+    cuda::device_array<T> d(n * (P + 1), "cudaMalloc of a control message buffer");
+    cuda::check_cuda(cudaMemcpyAsync(d.get() + n * P, send, n * sizeof(T), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync of a control message");
+    check(ncclAllGather(d.get() + n * P, d.get(), n, detail::data_type<T>(), comm_, stream()), "control_all_gather (ncclAllGather)");
+    cuda::check_cuda(cudaMemcpyAsync(recv, d.get(), n * P * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync of a control message");
     drain("control_all_gather");
   }
   /// broadcast of a few host elements from root, staged like control_all_gather.
@@ -465,16 +324,16 @@ class transport {
     refuse_in_group("control_broadcast");
     live("control_broadcast");
     cuda::device_guard g(device_);
-    staging<T> d(n);
-    cuda::check_cuda(cudaMemcpyAsync(d.p, buf, n * sizeof(T), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync of a control message");
-    check(ncclBroadcast(d.p, d.p, n, detail::data_type<T>(), root, comm_, stream()), "control_broadcast (ncclBroadcast)");
-    cuda::check_cuda(cudaMemcpyAsync(buf, d.p, n * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync of a control message");
+    cuda::device_array<T> d(n, "cudaMalloc of a control message buffer");
+    cuda::check_cuda(cudaMemcpyAsync(d.get(), buf, n * sizeof(T), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync of a control message");
+    check(ncclBroadcast(d.get(), d.get(), n, detail::data_type<T>(), root, comm_, stream()), "control_broadcast (ncclBroadcast)");
+    cuda::check_cuda(cudaMemcpyAsync(buf, d.get(), n * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync of a control message");
     drain("control_broadcast");
   }
 
  private:
   transport(ncclComm_t comm, std::shared_ptr<CUstream_st> shared_stream, ownership comm_ownership)
-      : comm_(comm), owns_comm_(comm_ownership == ownership::owned), stream_(std::move(shared_stream)) {
+      : comm_watch(comm, comm_ownership == ownership::owned), stream_(std::move(shared_stream)) {
     if (comm_ == nullptr) {
       owns_comm_ = false;
       throw invalid_argument("comm", "gflow::nccl::transport got a null ncclComm_t.", "pass an initialised communicator (or use init_all / init_rank).");
@@ -511,18 +370,12 @@ class transport {
   }
 
   void swap(transport& o) noexcept {
-    std::swap(comm_, o.comm_);
-    std::swap(owns_comm_, o.owns_comm_);
+    swap_watch(o);
     std::swap(stream_, o.stream_);
-    std::swap(rank_, o.rank_);
-    std::swap(size_, o.size_);
-    std::swap(device_, o.device_);
     std::swap(events_, o.events_);
     std::swap(scratch_, o.scratch_);
     std::swap(next_seq_, o.next_seq_);
     std::swap(done_seq_, o.done_seq_);
-    std::swap(timeout_, o.timeout_);
-    std::swap(aborted_, o.aborted_);
   }
 
   void release() noexcept {
@@ -543,15 +396,20 @@ class transport {
     if (switched) (void)cudaSetDevice(prev);
   }
 
-  [[nodiscard]] std::string who() const {
-    return "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (CUDA device " + std::to_string(device_) + ")";
+  // The i-forms: enqueue on the stream (this rank's device current), then record the request.
+  template <class Enqueue>
+  request issue(const char* op, const char* call, Enqueue enqueue) {
+    live(op);
+    cuda::device_guard g(device_);
+    check(enqueue(), call);
+    return record(op);
   }
-
-  void check(ncclResult_t r, const char* op) const {
-    if (r != ncclSuccess) detail::fail(r, op, who(), comm_);
+  template <class Start>
+  void blocking(const char* op, Start start) {
+    refuse_in_group(op);
+    auto r = start();
+    wait(r);
   }
-
-  void check_peer(int p, const char* what) const { gflow::detail::check_peer_rank(p, size_, what); }
 
   static void refuse_in_group(const char* op) {
     if (group::active())
@@ -567,96 +425,19 @@ class transport {
     return request{seq, false};
   }
 
-  /// A device buffer for control messages, freed on every path out.
-  template <class T>
-  struct staging {
-    T* p = nullptr;
-    explicit staging(std::size_t n) {
-      void* v = nullptr;
-      cuda::check_cuda(cudaMalloc(&v, (n > 0 ? n : 1) * sizeof(T)), "cudaMalloc of a control message buffer");
-      p = static_cast<T*>(v);
-    }
-    staging(const staging&) = delete;
-    staging& operator=(const staging&) = delete;
-    ~staging() { (void)cudaFree(p); }
-  };
-
-  void live(const char* op) const {
-    if (!aborted_.empty())
-      throw transport_error(op, who() + ": the communicator was aborted after " + aborted_ + ".",
-                            "destroy this transport (and whatever uses it) and create the communicators again (restart the job or its failed ranks).");
-  }
-
-  // ncclCommAbort: frees the communicator and makes its kernels still on the stream exit, so the
-  // stream can drain. The handle is gone afterwards (also for a borrowed communicator).
-  void abort_comm(std::string why) noexcept {
-    if (comm_ != nullptr) {
-      int prev = -1;
-      const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ && cudaSetDevice(device_) == cudaSuccess;
-      (void)ncclCommAbort(comm_);
-      if (switched) (void)cudaSetDevice(prev);
-    }
-    comm_ = nullptr;
-    aborted_ = std::move(why);
-  }
-
-  void check_async(const char* op) {
-    ncclResult_t async = ncclSuccess;
-    check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
-    if (async == ncclSuccess || async == ncclInProgress) return;
-    std::string msg = std::string(op) + " failed on " + who() + " (asynchronous error): " + ncclGetErrorString(async) + ".";
-    if (const char* last = ncclGetLastError(comm_); last != nullptr && *last != '\0') msg += std::string(" NCCL: ") + last;
-    abort_comm(std::string("an asynchronous error in ") + op);
-    throw transport_error(op, msg + " The communicator was aborted (ncclCommAbort).", detail::fix_for(async));
-  }
-
-  // Polls until query() says the work is done; with a timeout, aborts and throws once it passes.
-  template <class Query>
-  void poll(Query query, const char* op) {
-    using clock = std::chrono::steady_clock;
-    const auto start = clock::now();
-    for (unsigned spins = 0;; ++spins) {
-      const cudaError_t e = query();
-      if (e == cudaSuccess) return;
-      if (e != cudaErrorNotReady) cuda::check_cuda(e, std::string(op) + " on " + who());
-      (void)cudaGetLastError();  // cudaErrorNotReady is an answer, not an error: keep it out of later checks
-      check_async(op);
-      if (spins < 64) continue;
-      std::this_thread::yield();
-      if (timeout_.count() > 0 && clock::now() - start >= timeout_) time_out(op);
-    }
-  }
   void poll_event(cudaEvent_t ev, const char* op) {
-    poll([ev] { return cudaEventQuery(ev); }, op);
+    poll([ev] { return cudaEventQuery(ev); }, op, next_seq_ - 1);
   }
   void drain(const char* op) {
     cudaStream_t s = stream();
-    poll([s] { return cudaStreamQuery(s); }, op);
+    poll([s] { return cudaStreamQuery(s); }, op, next_seq_ - 1);
   }
 
-  [[noreturn]] void time_out(const char* op) {
-    const std::string what = who() + " waited " + std::to_string(timeout_.count()) + " ms for " + op + " (operation #" +
-                             std::to_string(next_seq_ - 1) + " of this transport is the last one issued) to complete on its stream. NCCL "
-                             "cannot report which ranks did not arrive: a rank that never issued its part, exited, or is stuck in "
-                             "earlier work keeps every other rank waiting. The communicator was aborted (ncclCommAbort).";
-    abort_comm(std::string("a timeout in ") + op);
-    throw timeout_error(op, what,
-                        "find the rank that reported no timeout or died (an MPI transport alongside names it); if the ranks are only "
-                        "slow, raise the timeout (set_timeout). Destroy this transport and recreate the communicators.");
-  }
-
-  ncclComm_t comm_ = nullptr;
-  bool owns_comm_ = false;
   std::shared_ptr<CUstream_st> stream_;
-  int rank_ = 0;
-  int size_ = 1;
-  int device_ = 0;
   std::vector<cudaEvent_t> events_;
   std::int32_t* scratch_ = nullptr;
   std::uint64_t next_seq_ = 1;
   std::uint64_t done_seq_ = 0;
-  std::chrono::milliseconds timeout_{0};  // default_timeout until set_timeout()
-  std::string aborted_;  // why the communicator was aborted; empty while usable
 };
 static_assert(gflow::transport<transport>);
 
