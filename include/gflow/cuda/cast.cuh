@@ -254,6 +254,9 @@ inline constexpr bool is_wire_type = std::is_same_v<W, float> || std::is_same_v<
 
 }  // namespace kernel_detail
 
+// The public cast kernels below share one shape on purpose (duplicates pairs them): each checks
+// its own W with its own sentence, then launches its kernel on the vector-aligned split.
+
 /// out[i] = W(in[i] * scale), round to nearest even (the "divide before casting" step).
 template <class W>
 void scale_to_wire(const float* in, W* out, std::size_t n, float scale, cudaStream_t stream) {

@@ -308,9 +308,13 @@ struct device_backend {
 
     // ---- transfers (each one is a host synchronisation; the engines say where and why) ----
     template <class E>
-    void download(E* host_dst, const E* src, std::size_t n) { copy_and_sync(host_dst, src, n * sizeof(E), cudaMemcpyDeviceToHost, "device-to-host"); }
+    void download(E* host_dst, const E* src, std::size_t n) { copy_and_sync(host_dst, src, n * sizeof(E), cudaMemcpyDeviceToHost, "cudaMemcpyAsync device to host",
+                                                                                  "cudaStreamSynchronize after a device-to-host copy");
+    }
     template <class E>
-    void upload(E* dst, const E* host_src, std::size_t n) { copy_and_sync(dst, host_src, n * sizeof(E), cudaMemcpyHostToDevice, "host-to-device"); }
+    void upload(E* dst, const E* host_src, std::size_t n) { copy_and_sync(dst, host_src, n * sizeof(E), cudaMemcpyHostToDevice, "cudaMemcpyAsync host to device",
+                                                                            "cudaStreamSynchronize after a host-to-device copy");
+    }
 
     [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
     [[nodiscard]] int device() const noexcept { return device_; }
@@ -337,11 +341,13 @@ struct device_backend {
     }
 
    private:
-    void copy_and_sync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, const char* way) {
+    // One synchronous transfer; what_copy / what_sync name it in an error (literals: nothing is
+    // allocated on the way, it runs every GTopK merge round and every CSC iteration).
+    void copy_and_sync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, const char* what_copy, const char* what_sync) {
       if (bytes == 0) return;
       cuda::device_guard g(device_);
-      cuda::check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, stream_), std::string("cudaMemcpyAsync ") + way);
-      cuda::check_cuda(cudaStreamSynchronize(stream_), std::string("cudaStreamSynchronize after a ") + way + " copy");
+      cuda::check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, stream_), what_copy);
+      cuda::check_cuda(cudaStreamSynchronize(stream_), what_sync);
     }
     struct host_free {
       void operator()(void* p) const noexcept { (void)cudaFreeHost(p); }
@@ -366,9 +372,7 @@ struct device_backend {
 static_assert(backend<device_backend> && topk_backend<device_backend>,
               "gflow::detail::device_backend must meet gflow::detail::backend and topk_backend (engines/concepts.hpp)");
 
-template <class Space>
-struct backend_for;
-template <>
+template <>  // the primary template: engines/concepts.hpp
 struct backend_for<device_memory> {
   using type = device_backend;
 };

@@ -142,7 +142,7 @@ class hierarchical_engine {
 /// Per message: hierarchical below a threshold in bytes on the wire, ring at or above it (Topology<Hybrid>).
 template <transport T>
 class hybrid_engine {
-using hier_t = hierarchical_engine<T>;
+  using hier_t = hierarchical_engine<T>;
 
  public:
   using request = typename hier_t::request;

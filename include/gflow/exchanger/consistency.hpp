@@ -40,12 +40,14 @@ inline constexpr bool control_capable = has_control_channel<T> || std::is_same_v
 
 template <class T, class E>
 void control_all_gather(T& t, const E* send, E* recv, std::size_t n) {
+  static_assert(control_capable<T>, "gflow: a device-memory transport must provide control_all_gather(const E*, E*, n) on host buffers.");
   if constexpr (has_control_channel<T>) t.control_all_gather(send, recv, n);
   else t.all_gather(send, recv, n);
 }
 
 template <class T, class E>
 void control_broadcast(T& t, E* buf, std::size_t n, int root) {
+  static_assert(control_capable<T>, "gflow: a device-memory transport must provide control_broadcast(E*, n, root) on host buffers.");
   if constexpr (has_control_channel<T>) t.control_broadcast(buf, n, root);
   else t.broadcast(buf, n, root);
 }

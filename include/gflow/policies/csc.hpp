@@ -77,7 +77,6 @@
 // Set the warm-up to the run: set_warmup(total_iterations / 100, total_iterations / 25) follows
 // "several percent".
 //
-//
 // The engine (memory, memory spaces) is detail::csc_engine in engines/csc.hpp.
 #include <cstddef>
 #include <cstdint>
@@ -86,7 +85,6 @@
 #include "sparsifier.hpp"
 
 namespace gflow {
-
 
 template <std::size_t ChunkElems = 32768, unsigned Percent = 15>
 struct CSC {
@@ -110,5 +108,7 @@ struct CSC {
 static_assert(sparsifier_policy<Sparsifier<CSC<>>>);
 static_assert(sparsifier_policy<Sparsifier<CSC<32768, 15>>>);
 static_assert(!Sparsifier<CSC<>>::dense);
+static_assert(detail::sparsifier_engine<CSC<8, 25>::engine<detail::archetype_context<>>, detail::archetype_context<>>,
+              "gflow::CSC<c, p>::engine must meet gflow::detail::sparsifier_engine (engines/concepts.hpp)");
 
 }  // namespace gflow

@@ -72,7 +72,6 @@
 // top-k), k(), wire_bytes(), message_bytes(). Every rank must use the same layout, fusion,
 // schedule and index width; change them between iterations only.
 //
-//
 // The engine (memory spaces, buffers) is detail::topk_engine in engines/topk.hpp.
 #include <concepts>
 
@@ -124,4 +123,7 @@ static_assert(topk_scheme<TopK<1.0>>);
 static_assert(!topk_scheme<Dense>);
 static_assert(sparsifier_policy<Sparsifier<TopK<0.001>>>);
 static_assert(sparsifier_policy<Sparsifier<GTopK<0.01>>>);
+static_assert(detail::sparsifier_engine<TopK<0.01>::engine<detail::archetype_context<>>, detail::archetype_context<>> &&
+                  detail::sparsifier_engine<GTopK<0.01>::engine<detail::archetype_context<>>, detail::archetype_context<>>,
+              "gflow::TopK<d>::engine and GTopK<d>::engine must meet gflow::detail::sparsifier_engine (engines/concepts.hpp)");
 }  // namespace gflow

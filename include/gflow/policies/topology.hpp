@@ -132,5 +132,8 @@ static_assert(detail::topology_engine<Hierarchical<2>::engine<transport_archetyp
                   detail::topology_engine<Hybrid<1024, 2>::engine<transport_archetype<>>, transport_archetype<>, half> &&
                   detail::checkpointed<Hybrid<1024, 2>::engine<transport_archetype<>>>,
               "Hierarchical<g>::engine and Hybrid<t, g>::engine must meet gflow::detail::topology_engine (engines/concepts.hpp)");
+// Which topologies write a TOPO section with state into checkpoints (Hybrid: its threshold).
+static_assert(!detail::checkpointed<Ring::engine<transport_archetype<>>> && !detail::checkpointed<Hierarchical<2>::engine<transport_archetype<>>>,
+              "Ring and Hierarchical keep no run-time state: their checkpoint section is empty");
 
 }  // namespace gflow

@@ -222,7 +222,6 @@ inline void exec_split(slot& s, group& g) {
 
 class transport : public transport_base<host_memory> {
  public:
-
   /// A pending operation. Collectives carry their slot; a receive carries its destination.
   struct request {
     enum class what : std::uint8_t { none, collective, recv } type = what::none;

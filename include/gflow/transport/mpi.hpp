@@ -60,7 +60,6 @@ inline constexpr std::chrono::milliseconds default_timeout = gflow::detail::defa
 
 class transport : public detail::stall_inspector, public transport_base<host_memory> {
  public:
-
   /// Borrows `comm` (it is not freed). Sets MPI_ERRORS_RETURN on it so failures come back as
   /// error codes and are raised as gflow::transport_error. The timeout is default_timeout.
   /// Collective over comm.
@@ -151,19 +150,23 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
   /// In place: root's buf receives the reduction; the other ranks' buffers are only read.
   template <wire_element T>
   void reduce(T* buf, std::size_t n, reduce_op o, int root) {
-    auto [c, q, send, recv] = begin_reduce(buf, n, root, "reduce");
+    reduce_call rc = begin_reduce(buf, n, root, "reduce");
+    // Plain copies for the lambda (Clang before 16 cannot capture structured bindings).
+    const void* send = rc.send;
+    void* recv = rc.recv;
+    const count_t c = rc.count;
     const MPI_Datatype t = detail::datatype<T>();
     const MPI_Op mo = detail::op<T>(o);
     const MPI_Comm m = comm_;
-    if (blocking(q, [=] { return detail::reduce(send, recv, c, t, mo, root, m); })) return;
-    check(detail::ireduce(send, recv, c, detail::datatype<T>(), detail::op<T>(o), root, comm_, &q.r), "reduce");
-    wait(q);
+    if (blocking(rc.q, [=] { return detail::reduce(send, recv, c, t, mo, root, m); })) return;
+    check(detail::ireduce(send, recv, c, t, mo, root, comm_, &rc.q.r), "reduce");
+    wait(rc.q);
   }
   template <wire_element T>
   request ireduce(T* buf, std::size_t n, reduce_op o, int root) {
-    auto [c, q, send, recv] = begin_reduce(buf, n, root, "ireduce");
-    check(detail::ireduce(send, recv, c, detail::datatype<T>(), detail::op<T>(o), root, comm_, &q.r), "ireduce");
-    return q;
+    reduce_call rc = begin_reduce(buf, n, root, "ireduce");
+    check(detail::ireduce(rc.send, rc.recv, rc.count, detail::datatype<T>(), detail::op<T>(o), root, comm_, &rc.q.r), "ireduce");
+    return rc.q;
   }
 
   void barrier() {

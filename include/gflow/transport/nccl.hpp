@@ -78,13 +78,10 @@
 
 namespace gflow::nccl {
 
-class transport : public detail::comm_watch {
+/// NCCL sums (and takes max / min of) every element type gflow moves: f32, f64, f16, bf16, i32,
+/// i64, u32, u64, u8 (transport_base's can_reduce).
+class transport : public detail::comm_watch, public transport_base<device_memory> {
  public:
-  using memory_space = device_memory;
-  /// NCCL sums (and takes max / min of) every element type gflow moves: f32, f64, f16, bf16,
-  /// i32, i64, u32, u64, u8.
-  template <class E>
-  static constexpr bool can_reduce = wire_element<E>;
 
   /// Events in the ring that completes requests.
   static constexpr std::size_t event_ring_size = 256;

@@ -1,4 +1,6 @@
 #pragma once
+// Include engines/topk.hpp, not this file: GTopK's members are defined in tree.hpp.
+//
 // detail::topk_engine: the engine of Sparsifier<TopK<d>> and Sparsifier<GTopK<d>> (what they do,
 // their accounting, non-finite values and checkpoints are described with the tags in
 // policies/topk.hpp). This file holds the class, its settings, its checkpoint, the selection
