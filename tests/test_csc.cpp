@@ -20,13 +20,13 @@
 #include <string>
 #include <vector>
 
+#include "compositions.hpp"
+
 using namespace gflow;
+using gflow_test::on_mock;
+using gflow_test::on_inproc;
 
 namespace {
-template <class E>
-using on_mock = typename E::template on<mock::transport>;
-template <class E>
-using on_inproc = typename E::template on<inproc::transport>;
 
 std::vector<std::uint8_t> mask_of(std::span<const std::uint32_t> chunks, std::size_t count) {
   std::vector<std::uint8_t> m(count, 0);

@@ -23,12 +23,12 @@
 #include <string>
 #include <vector>
 
+#include "compositions.hpp"
+
 using namespace gflow;
+using gflow_test::on_inproc;
 
 namespace {
-
-template <class E>
-using on_inproc = typename E::template on<inproc::transport>;
 
 const float inf = std::numeric_limits<float>::infinity();
 

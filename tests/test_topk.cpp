@@ -28,15 +28,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "compositions.hpp"
+
 using namespace gflow;
+using gflow_test::on_mock;
+using gflow_test::on_inproc;
 namespace k_ = gflow::kernels;
 
 namespace {
-
-template <class E>
-using on_mock = typename E::template on<mock::transport>;
-template <class E>
-using on_inproc = typename E::template on<inproc::transport>;
 
 std::uint32_t bits(float f) { return std::bit_cast<std::uint32_t>(f); }
 

@@ -3,6 +3,7 @@
 // transport for P = 1..9 and every group size 1..P, and bad input.
 #include <doctest/doctest.h>
 
+#include "compositions.hpp"
 #include "test_values.hpp"
 #include <gflow/exchanger.hpp>
 #include <gflow/plan/groups.hpp>
@@ -21,7 +22,7 @@
 #include <vector>
 
 using namespace gflow;
-using mock_t = mock::transport;
+using gflow_test::mock_t;
 
 namespace {
 

@@ -18,14 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "compositions.hpp"
 #include "test_values.hpp"
 
 using namespace gflow;
+using gflow_test::on_inproc;
 
 namespace {
-
-template <class E>
-using on_inproc = typename E::template on<inproc::transport>;
 
 const Layout& test_layout() {
   static const Layout l = Layout::from_sizes({300, 17, 1024, 5, 999, 64});

@@ -15,11 +15,12 @@
 #include <thread>
 #include <vector>
 
+#include "compositions.hpp"
+
 using namespace gflow;
+using gflow_test::on_inproc;
 
 namespace {
-template <class E>
-using on_inproc = typename E::template on<inproc::transport>;
 
 float value(int rank, std::size_t i, std::size_t j, int it) {
   return static_cast<float>((rank * 131 + static_cast<int>(i) * 17 + static_cast<int>(j % 97) * 3 + it * 7) % 41) * 0.25f - 5.0f;
