@@ -23,30 +23,9 @@
 
 using namespace gflow;
 using gflow_test::mock_t;
+using gflow_test::played_rank;
 
 namespace {
-
-// ---- the split a real transport makes, written out from the rule in plan/groups.hpp
-// (independently of group_plan, so the mock tests do not check the planner against itself):
-// groups of g consecutive ranks, colour = group index; then masters (colour G) and the rest
-// (colour G + 1), ordered by key = world rank.
-mock::split_result world_split(int P, int g, const mock::split_query& q) {
-  REQUIRE(q.group == "world");
-  REQUIRE(q.key == q.rank);
-  const int G = (P + g - 1) / g;
-  if (q.color < G) {
-    const int first = q.color * g;
-    return {std::min(g, P - first), q.key - first};
-  }
-  if (q.color == G) return {G, q.key / g};
-  return {P - G, q.key - q.key / g - 1};
-}
-
-mock_t played_rank(int P, int r, int g) {
-  mock_t m(P, r);
-  m.calls().split_rule = [P, g](const mock::split_query& q) { return world_split(P, g, q); };
-  return m;
-}
 
 struct call {
   mock::op kind;

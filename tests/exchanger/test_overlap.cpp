@@ -62,8 +62,7 @@ const Layout& layout() {
 }
 }  // namespace
 
-TEST_CASE_TEMPLATE("every overlap strategy gives the None result bit for bit, whatever the ready() order", S, None, Funneled,
-                   Concurrent<1>, Concurrent<2>, Concurrent<3>, Chained) {
+TEST_CASE_TEMPLATE_DEFINE("every overlap strategy gives the None result bit for bit, whatever the ready() order", S, strategies_id) {
   using Ref = Exchanger<Fusion<2048>>;
   using E = Exchanger<Fusion<2048>, Overlap<S>>;
   using Ref16 = Exchanger<Fusion<1024>, Precision<wire::fp16>>;
@@ -77,6 +76,8 @@ TEST_CASE_TEMPLATE("every overlap strategy gives the None result bit for bit, wh
     }
   }
 }
+
+TEST_CASE_TEMPLATE_APPLY(strategies_id, gflow_test::strategies);
 
 TEST_CASE_TEMPLATE("with an issuing thread, ready() does not wait for the other ranks", S, Funneled, Concurrent<2>, Chained) {
   // Rank 1 starts only after rank 0 has made every ready() call. If ready() waited for a
