@@ -25,12 +25,12 @@
 #include <thread>
 #include <vector>
 
+#include "compositions.hpp"
+
 using namespace gflow;
+using gflow_test::on_mock;
 
 namespace {
-
-template <class E>
-using on_mock = typename E::template on<mock::transport>;
 
 struct error_case {
   const char* id;

@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "compositions.hpp"
 #include "test_values.hpp"
 
 // ---- allocation counter: the hot path (ready/finish) must not allocate ------------------------
@@ -48,13 +49,11 @@ void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); 
 #pragma GCC diagnostic pop
 
 using namespace gflow;
-using mock_t = mock::transport;
+using gflow_test::mock_t;
+using gflow_test::on_mock;
+using gflow_test::on_inproc;
 
 namespace {
-template <class E>
-using on_mock = typename E::template on<mock_t>;
-template <class E>
-using on_inproc = typename E::template on<inproc::transport>;
 
 std::vector<std::size_t> small_sizes() { return {1000, 3, 257, 4096, 1, 77, 512}; }
 

@@ -23,12 +23,12 @@
 #include <string>
 #include <vector>
 
+#include "compositions.hpp"
+
 using namespace gflow;
+using gflow_test::on_inproc;
 
 namespace {
-
-template <class E>
-using on_inproc = typename E::template on<inproc::transport>;
 
 const float inf = std::numeric_limits<float>::infinity();
 
@@ -204,20 +204,18 @@ void inject_matrix(const char* name) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("non-finite: inf, -inf, NaN on one rank, every sparsifier x Fusion on/off, reported on every rank, never kept", W,
-                   wire::fp32, wire::fp16, wire::bf16) {
-  inject_matrix<Exchanger<Precision<W>>>("Dense");
-  inject_matrix<Exchanger<Precision<W>, Fusion<256>>>("Dense + Fusion");
-  inject_matrix<Exchanger<Precision<W>, Sparsifier<CSC<16, 25>>>>("CSC");
-  inject_matrix<Exchanger<Precision<W>, Fusion<256>, Sparsifier<CSC<16, 25>>>>("CSC + Fusion");
-  inject_matrix<Exchanger<Precision<W>, Sparsifier<TopK<0.1>>>>("TopK");
-  inject_matrix<Exchanger<Precision<W>, Fusion<256>, Sparsifier<TopK<0.1>>>>("TopK + Fusion");
-  inject_matrix<Exchanger<Precision<W>, Sparsifier<GTopK<0.1>>>>("GTopK");
-  inject_matrix<Exchanger<Precision<W>, Fusion<256>, Sparsifier<GTopK<0.1>>>>("GTopK + Fusion");
+TEST_CASE_TEMPLATE_DEFINE("non-finite: inf, -inf, NaN on one rank, every sparsifier x Fusion on/off, reported on every rank, never kept", W,
+                          wires_id) {
+  gflow_test::for_each_type<gflow_test::schemes>([&]<class S>() {
+    const std::string name = gflow_test::scheme_label<S>();
+    inject_matrix<Exchanger<Precision<W>, Sparsifier<S>>>(name.c_str());
+    inject_matrix<Exchanger<Precision<W>, Fusion<256>, Sparsifier<S>>>((name + " + Fusion").c_str());
+  });
 }
+TEST_CASE_TEMPLATE_APPLY(wires_id, gflow_test::wires);
 
-TEST_CASE_TEMPLATE("non-finite: a finite gradient that overflows the fp16 wire is reported on every rank, and not kept", S, Dense, CSC<16, 25>,
-                   TopK<0.1>, GTopK<0.1>) {
+TEST_CASE_TEMPLATE_DEFINE("non-finite: a finite gradient that overflows the fp16 wire is reported on every rank, and not kept", S,
+                          schemes_id) {
   using E = Exchanger<Precision<wire::fp16>, Sparsifier<S>>;
   constexpr bool csc = requires { S::chunk_elems; };
   for (int P : {2, 4}) {
@@ -232,6 +230,8 @@ TEST_CASE_TEMPLATE("non-finite: a finite gradient that overflows the fp16 wire i
     }
   }
 }
+
+TEST_CASE_TEMPLATE_APPLY(schemes_id, gflow_test::schemes);
 
 TEST_CASE_TEMPLATE("non-finite: a Top-k rank with more inf/NaN than k sends k and keeps none", S, TopK<0.01>, GTopK<0.01>) {
   using E = Exchanger<Sparsifier<S>>;

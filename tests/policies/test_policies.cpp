@@ -5,7 +5,10 @@
 
 #include <type_traits>
 
+#include "compositions.hpp"
+
 using namespace gflow;
+using gflow_test::on_mock;
 
 TEST_CASE("missing families take their defaults") {
   using S = Exchanger<>::policies;
@@ -85,4 +88,17 @@ TEST_CASE("engine concepts: the built-ins meet them, an incomplete engine does n
   static_assert(!detail::backend<int> && !detail::backend<Dense>);
   static_assert(detail::backend_for_transport<detail::host_backend, mock::transport>);
   CHECK(true);
+}
+
+TEST_CASE("CSC policy tag: concept, defaults, composition") {
+  static_assert(sparsifier_policy<Sparsifier<CSC<>>>);
+  static_assert(CSC<>::chunk_elems == 32768 && CSC<>::percent == 15);
+  static_assert(std::is_same_v<Exchanger<Sparsifier<CSC<32768, 15>>, Fusion<1024>>::policies::sparsifier::scheme, CSC<32768, 15>>);
+  auto l = Layout::from_sizes({100000});
+  mock::transport m(2);
+  on_mock<Exchanger<Sparsifier<CSC<>>>> ex(m, l);
+  CHECK(ex.sparsifier().chunk_count() == 4);  // 100000 / 32768, ceil
+  CHECK(ex.sparsifier().geometry().size(3) == 100000 - 3 * 32768);
+  CHECK(ex.sparsifier().upcoming_chunks().size() == 4);
+  CHECK(ex.sparsifier().selected_chunks().empty());
 }

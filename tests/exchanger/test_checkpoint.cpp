@@ -18,14 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "compositions.hpp"
 #include "test_values.hpp"
 
 using namespace gflow;
+using gflow_test::on_inproc;
 
 namespace {
-
-template <class E>
-using on_inproc = typename E::template on<inproc::transport>;
 
 const Layout& test_layout() {
   static const Layout l = Layout::from_sizes({300, 17, 1024, 5, 999, 64});
@@ -459,19 +458,4 @@ TEST_CASE("checkpoint errors: save and load in the middle of an iteration are us
     ex.load_state(f);  // between iterations again: fine
     CHECK(ex.iteration() == 0);
   });
-}
-
-TEST_CASE("checkpoint: stream_hash is independent of how the bytes are split") {
-  std::string data(1000, '\0');
-  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7 + 3);
-  detail::stream_hash whole;
-  whole.update(data.data(), data.size());
-  for (std::size_t piece : {1, 3, 7, 8, 9, 64, 999}) {
-    detail::stream_hash h;
-    for (std::size_t i = 0; i < data.size(); i += piece) h.update(data.data() + i, std::min(piece, data.size() - i));
-    CHECK(h.value() == whole.value());
-  }
-  detail::stream_hash shorter;
-  shorter.update(data.data(), data.size() - 1);
-  CHECK(shorter.value() != whole.value());
 }

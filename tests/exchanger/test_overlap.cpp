@@ -15,11 +15,12 @@
 #include <thread>
 #include <vector>
 
+#include "compositions.hpp"
+
 using namespace gflow;
+using gflow_test::on_inproc;
 
 namespace {
-template <class E>
-using on_inproc = typename E::template on<inproc::transport>;
 
 float value(int rank, std::size_t i, std::size_t j, int it) {
   return static_cast<float>((rank * 131 + static_cast<int>(i) * 17 + static_cast<int>(j % 97) * 3 + it * 7) % 41) * 0.25f - 5.0f;
@@ -61,8 +62,7 @@ const Layout& layout() {
 }
 }  // namespace
 
-TEST_CASE_TEMPLATE("every overlap strategy gives the None result bit for bit, whatever the ready() order", S, None, Funneled,
-                   Concurrent<1>, Concurrent<2>, Concurrent<3>, Chained) {
+TEST_CASE_TEMPLATE_DEFINE("every overlap strategy gives the None result bit for bit, whatever the ready() order", S, strategies_id) {
   using Ref = Exchanger<Fusion<2048>>;
   using E = Exchanger<Fusion<2048>, Overlap<S>>;
   using Ref16 = Exchanger<Fusion<1024>, Precision<wire::fp16>>;
@@ -76,6 +76,8 @@ TEST_CASE_TEMPLATE("every overlap strategy gives the None result bit for bit, wh
     }
   }
 }
+
+TEST_CASE_TEMPLATE_APPLY(strategies_id, gflow_test::strategies);
 
 TEST_CASE_TEMPLATE("with an issuing thread, ready() does not wait for the other ranks", S, Funneled, Concurrent<2>, Chained) {
   // Rank 1 starts only after rank 0 has made every ready() call. If ready() waited for a

@@ -1,8 +1,9 @@
-// Topology<Hierarchical<g>> and Topology<Hybrid<threshold, g>>: the group plan (pure), what goes on
-// the wire (mock transport with a split rule), results against the flat ring on the in-process
-// transport for P = 1..9 and every group size 1..P, and bad input.
+// Topology<Hierarchical<g>> and Topology<Hybrid<threshold, g>>: what goes on the wire (mock
+// transport with a split rule), results against the flat ring on the in-process transport for
+// P = 1..9 and every group size 1..P, and bad input. The group plan itself: plan/test_groups.cpp.
 #include <doctest/doctest.h>
 
+#include "compositions.hpp"
 #include "test_values.hpp"
 #include <gflow/exchanger.hpp>
 #include <gflow/plan/groups.hpp>
@@ -21,31 +22,10 @@
 #include <vector>
 
 using namespace gflow;
-using mock_t = mock::transport;
+using gflow_test::mock_t;
+using gflow_test::played_rank;
 
 namespace {
-
-// ---- the split a real transport makes, written out from the rule in plan/groups.hpp
-// (independently of group_plan, so the mock tests do not check the planner against itself):
-// groups of g consecutive ranks, colour = group index; then masters (colour G) and the rest
-// (colour G + 1), ordered by key = world rank.
-mock::split_result world_split(int P, int g, const mock::split_query& q) {
-  REQUIRE(q.group == "world");
-  REQUIRE(q.key == q.rank);
-  const int G = (P + g - 1) / g;
-  if (q.color < G) {
-    const int first = q.color * g;
-    return {std::min(g, P - first), q.key - first};
-  }
-  if (q.color == G) return {G, q.key / g};
-  return {P - G, q.key - q.key / g - 1};
-}
-
-mock_t played_rank(int P, int r, int g) {
-  mock_t m(P, r);
-  m.calls().split_rule = [P, g](const mock::split_query& q) { return world_split(P, g, q); };
-  return m;
-}
 
 struct call {
   mock::op kind;
@@ -70,109 +50,6 @@ void check_calls(const std::vector<call>& got, const std::vector<call>& want) {
 }
 
 }  // namespace
-
-// ============================================================================================
-// The group plan
-// ============================================================================================
-
-TEST_CASE("groups: a group size that divides P") {
-  const auto p = plan::plan_groups(8, 4);
-  CHECK(p.groups == 2);
-  CHECK(p.members(0) == std::vector<int>{0, 1, 2, 3});
-  CHECK(p.members(1) == std::vector<int>{4, 5, 6, 7});
-  CHECK(p.masters() == std::vector<int>{0, 4});
-  CHECK(p.group_of(5) == 1);
-  CHECK(p.local_rank(5) == 1);
-  CHECK(p.is_master(4));
-  CHECK_FALSE(p.is_master(3));
-  CHECK(p.group_split(6) == plan::split_args{1, 6});
-  CHECK(p.masters_split(4) == plan::split_args{2, 4});  // masters: colour G = 2
-  CHECK(p.masters_split(5) == plan::split_args{3, 5});  // the rest: colour G + 1
-}
-
-TEST_CASE("groups: a group size that does not divide P makes the last group smaller") {
-  const auto p = plan::plan_groups(10, 4);
-  CHECK(p.groups == 3);
-  CHECK(p.size_of(0) == 4);
-  CHECK(p.size_of(1) == 4);
-  CHECK(p.size_of(2) == 2);
-  CHECK(p.members(2) == std::vector<int>{8, 9});
-  CHECK(p.masters() == std::vector<int>{0, 4, 8});
-  CHECK(p.group_of(9) == 2);
-  CHECK(p.local_rank(9) == 1);
-
-  const auto q = plan::plan_groups(7, 3);  // 3 + 3 + 1: a last group of one rank
-  CHECK(q.groups == 3);
-  CHECK(q.members(2) == std::vector<int>{6});
-  CHECK(q.is_master(6));
-
-  const auto one = plan::plan_groups(5, 5);
-  CHECK(one.groups == 1);
-  CHECK(one.masters() == std::vector<int>{0});
-  const auto all = plan::plan_groups(5, 1);
-  CHECK(all.groups == 5);
-  CHECK(all.masters() == std::vector<int>{0, 1, 2, 3, 4});
-}
-
-TEST_CASE("groups: every rank in exactly one group, for P = 1..16 and every group size") {
-  for (int P = 1; P <= 16; ++P)
-    for (int g = 1; g <= P; ++g) {
-      CAPTURE(P);
-      CAPTURE(g);
-      const auto p = plan::plan_groups(P, g);
-      CHECK(p.groups == (P + g - 1) / g);
-      std::vector<int> seen;
-      for (int k = 0; k < p.groups; ++k) {
-        const auto m = p.members(k);
-        CHECK(static_cast<int>(m.size()) == p.size_of(k));
-        if (k + 1 < p.groups) CHECK(p.size_of(k) == g);
-        else CHECK((p.size_of(k) >= 1 && p.size_of(k) <= g));
-        CHECK(m.front() == p.master(k));
-        for (std::size_t i = 0; i < m.size(); ++i) {
-          CHECK(p.group_of(m[i]) == k);
-          CHECK(p.local_rank(m[i]) == static_cast<int>(i));
-          CHECK(p.is_master(m[i]) == (i == 0));
-        }
-        seen.insert(seen.end(), m.begin(), m.end());
-      }
-      std::vector<int> all(static_cast<std::size_t>(P));
-      for (int r = 0; r < P; ++r) all[static_cast<std::size_t>(r)] = r;
-      CHECK(seen == all);  // consecutive, disjoint, complete
-      // The two splits' colours never overlap, and every rank takes part in both.
-      std::set<int> group_colours, master_colours;
-      for (int r = 0; r < P; ++r) {
-        group_colours.insert(p.group_split(r).color);
-        master_colours.insert(p.masters_split(r).color);
-        CHECK(p.group_split(r).key == r);
-        CHECK(p.masters_split(r).key == r);
-      }
-      CHECK(*group_colours.rbegin() < *master_colours.begin());
-    }
-}
-
-TEST_CASE("groups: bad input names the parameter and the fix") {
-  try {
-    (void)plan::plan_groups(4, 5);
-    FAIL("expected an error");
-  } catch (const gflow::invalid_argument& e) {
-    CHECK(e.subject() == "group_size");
-    CHECK(std::string(e.what()).find("group size 5 exceeds the 4 ranks") != std::string::npos);
-    CHECK(std::string(e.what()).find("Fix: pass a group size between 1 and 4") != std::string::npos);
-  }
-  try {
-    (void)plan::plan_groups(4, 0);
-    FAIL("expected an error");
-  } catch (const gflow::invalid_argument& e) {
-    CHECK(e.subject() == "group_size");
-    CHECK(std::string(e.what()).find("must be positive (got 0)") != std::string::npos);
-  }
-  CHECK_THROWS_AS((void)plan::plan_groups(4, -2), gflow::invalid_argument);
-  CHECK_THROWS_AS((void)plan::plan_groups(0, 1), gflow::invalid_argument);
-  const auto p = plan::plan_groups(6, 4);
-  CHECK_THROWS_AS((void)p.group_of(6), gflow::invalid_argument);
-  CHECK_THROWS_AS((void)p.local_rank(-1), gflow::invalid_argument);
-  CHECK_THROWS_AS((void)p.size_of(2), gflow::invalid_argument);
-}
 
 // ============================================================================================
 // Mock transport: what goes on the wire

@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "compositions.hpp"
+
 using namespace gflow;
+using gflow_test::on_inproc;
 
 namespace {
-
-template <class E>
-using on_inproc = typename E::template on<inproc::transport>;
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
