@@ -5,12 +5,12 @@
 // Two implementations of every 16-bit kernel, with bitwise identical results:
 //   - the scalar reference: to_half, to_bfloat16, to_float and the loops in namespace
 //     kernels::reference. The CUDA twins in include/gflow/cuda/cast.cuh produce bit-identical
-//     results (tests/test_cast.cpp checks these host versions against CUDA's own
+//     results (tests/kernels/test_cast.cpp checks these host versions against CUDA's own
 //     __float2half_rn / __float2bfloat16_rn over ties, subnormals, overflow and NaN);
 //   - namespace kernels::simd: AVX2 + F16C on x86-64 (GCC or Clang), compiled per function with
-//     __attribute__((target("avx2,f16c"))), so no -march flag is needed. tests/test_cast_exhaustive
+//     __attribute__((target("avx2,f16c"))), so no -march flag is needed. tests/kernels/test_cast_exhaustive
 //     .cpp checks them against the reference over all 2^32 fp32 inputs (fp16 with scale 1 and 1/3,
-//     bf16), tests/test_cast.cpp over every 16-bit pattern, edge pairs and random pairs. Where they
+//     bf16), tests/kernels/test_cast.cpp over every 16-bit pattern, edge pairs and random pairs. Where they
 //     are not compiled (other targets, nvcc's device pass, GFLOW_NO_SIMD defined) they forward to
 //     the reference and simd::available() is false.
 // The dispatching kernels (scale_to_wire, wire_to_float, to_wire, add_to_wire_keep_error,

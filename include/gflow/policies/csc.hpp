@@ -41,7 +41,7 @@
 // decayed = (1 - momentum) * g at each iteration the element was kept back. Algorithm 1 keeps
 // momentum * g, so with momentum = 1 nothing decays and the identity is the plain conservation
 // law; momentum < 1 is the paper's choice to let the history decay like a momentum term.
-// tests/test_csc.cpp checks the identity in fp64 over 1000+ random iterations (relative error
+// tests/engines/test_csc_results.cpp checks the identity in fp64 over 1000+ random iterations (relative error
 // <= 1e-5: fp32 additions round), and to the last bit with a 16-bit wire on values for which only
 // the 16-bit encoding rounds. What no rank can keep is the rounding of the 16-bit sum itself
 // (the wire carries W(sum of the ranks' W values)).
