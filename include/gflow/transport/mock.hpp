@@ -13,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,13 @@ struct log {
     records.clear();
     control.clear();
   }
+  /// Appends under a lock: the exchanger may call the transport (and the sub-transports split
+  /// from it, which share this log) from several issuing threads at once (Overlap<Concurrent<N>>).
+  void append(std::vector<record>& to, record r) {
+    std::lock_guard lk(*guard);
+    to.push_back(std::move(r));
+  }
+  std::shared_ptr<std::mutex> guard = std::make_shared<std::mutex>();  // shared by copies of the log
 };
 
 class transport : public transport_base<host_memory> {
@@ -135,19 +143,19 @@ class transport : public transport_base<host_memory> {
   /// Host-buffer control messages: same data semantics as all_gather / broadcast, logged in log::control.
   template <wire_element T>
   void control_all_gather(const T* s, T* r, std::size_t n) {
-    log_->control.push_back({op::all_gather, n, dtype_of_v<T>, n * sizeof(T), -1, group_, false});
+    log_->append(log_->control, {op::all_gather, n, dtype_of_v<T>, n * sizeof(T), -1, group_, false});
     for (int q = 0; q < size_; ++q) if (n) std::memcpy(r + static_cast<std::size_t>(q) * n, s, n * sizeof(T));
   }
   template <wire_element T>
   void control_broadcast(T*, std::size_t n, int root) {
     gflow::detail::check_peer_rank(root, size_, "root");
-    log_->control.push_back({op::broadcast, n, dtype_of_v<T>, n * sizeof(T), root, group_, false});
+    log_->append(log_->control, {op::broadcast, n, dtype_of_v<T>, n * sizeof(T), root, group_, false});
   }
-  void barrier() { log_->records.push_back({op::barrier, 0, dtype::u8, 0, -1, group_, false}); }
+  void barrier() { log_->append(log_->records, {op::barrier, 0, dtype::u8, 0, -1, group_, false}); }
   void wait(request& r) {
     if (!r.active) return;
     r.active = false;
-    log_->records.push_back({op::wait, 0, dtype::u8, 0, -1, group_, false});
+    log_->append(log_->records, {op::wait, 0, dtype::u8, 0, -1, group_, false});
   }
 
   /// Sub-group "<group>/<color>". Which ranks share the colour is unknowable to one mock rank,
@@ -155,7 +163,7 @@ class transport : public transport_base<host_memory> {
   /// impossible answer raises invalid_argument), else they stay the parent's. The split itself
   /// is recorded (peer = color).
   transport split(int color, int key) {
-    log_->records.push_back({op::split, 0, dtype::u8, 0, color, group_, false});
+    log_->append(log_->records, {op::split, 0, dtype::u8, 0, color, group_, false});
     std::string label = group_ + "/" + std::to_string(color);
     if (log_->split_rule) {
       const split_result r = log_->split_rule(split_query{group_, size_, rank_, color, key});
@@ -167,7 +175,7 @@ class transport : public transport_base<host_memory> {
  private:
   template <class T>
   void note(op k, std::size_t n, int peer, bool async, reduce_op o = reduce_op::sum) {
-    log_->records.push_back({k, n, dtype_of_v<T>, n * sizeof(T), peer, group_, async, o});
+    log_->append(log_->records, {k, n, dtype_of_v<T>, n * sizeof(T), peer, group_, async, o});
   }
   template <class T>
   void scale(T* buf, std::size_t n, reduce_op o) {
@@ -182,12 +190,16 @@ class transport : public transport_base<host_memory> {
   template <class T>
   void fill(T* buf, std::size_t n) {
     const std::size_t bytes = n * sizeof(T);
-    if (log_->inbox.empty()) {
-      if (bytes) std::memset(buf, 0, bytes);
-      return;
+    std::vector<unsigned char> payload;
+    {
+      std::lock_guard lk(*log_->guard);
+      if (log_->inbox.empty()) {
+        if (bytes) std::memset(buf, 0, bytes);
+        return;
+      }
+      payload = std::move(log_->inbox.front());
+      log_->inbox.pop_front();
     }
-    auto payload = std::move(log_->inbox.front());
-    log_->inbox.pop_front();
     if (payload.size() != bytes)
       throw mismatch_error("recv", "mock inbox payload has " + std::to_string(payload.size()) + " bytes, recv expects " + std::to_string(bytes) + ".",
                            "queue a payload of the size the test's recv asks for.");
