@@ -108,7 +108,5 @@ struct CSC {
 static_assert(sparsifier_policy<Sparsifier<CSC<>>>);
 static_assert(sparsifier_policy<Sparsifier<CSC<32768, 15>>>);
 static_assert(!Sparsifier<CSC<>>::dense);
-static_assert(detail::sparsifier_engine<CSC<8, 25>::engine<detail::archetype_context<>>, detail::archetype_context<>>,
-              "gflow::CSC<c, p>::engine must meet gflow::detail::sparsifier_engine (engines/concepts.hpp)");
 
 }  // namespace gflow

@@ -76,7 +76,5 @@ template <class P>
 concept sparsifier_policy = std::same_as<typename P::gflow_family, sparsifier_family> && requires { typename P::scheme; };
 
 static_assert(sparsifier_policy<Sparsifier<>>);
-static_assert(detail::sparsifier_engine<Dense::engine<detail::archetype_context<>>, detail::archetype_context<>>,
-              "gflow::Dense::engine must meet gflow::detail::sparsifier_engine (engines/concepts.hpp)");
 
 }  // namespace gflow

@@ -123,7 +123,4 @@ static_assert(topk_scheme<TopK<1.0>>);
 static_assert(!topk_scheme<Dense>);
 static_assert(sparsifier_policy<Sparsifier<TopK<0.001>>>);
 static_assert(sparsifier_policy<Sparsifier<GTopK<0.01>>>);
-static_assert(detail::sparsifier_engine<TopK<0.01>::engine<detail::archetype_context<>>, detail::archetype_context<>> &&
-                  detail::sparsifier_engine<GTopK<0.01>::engine<detail::archetype_context<>>, detail::archetype_context<>>,
-              "gflow::TopK<d>::engine and GTopK<d>::engine must meet gflow::detail::sparsifier_engine (engines/concepts.hpp)");
 }  // namespace gflow
