@@ -34,20 +34,19 @@ TEST_CASE("issuing_thread: one step per item, in order, on its own thread; drain
 TEST_CASE("issuing_thread: several steps per item (Chained: start every posted item before completing any)") {
   std::vector<int> log;  // +j: started j, -j-1: completed j
   std::size_t started = 0;
-  issuing_thread t(
-      [&](std::size_t done, std::size_t posted) {
-        if (started < posted) {
-          log.push_back(static_cast<int>(started++));
-          return false;
-        }
-        log.push_back(-static_cast<int>(done) - 1);
-        return true;
-      },
-      [&] { started = 0; });
+  issuing_thread t([&](std::size_t done, std::size_t posted) {
+    if (started < posted) {
+      log.push_back(static_cast<int>(started++));
+      return false;
+    }
+    log.push_back(-static_cast<int>(done) - 1);
+    return true;
+  });
   for (int round = 0; round < 2; ++round) {
     log.clear();
     for (int i = 0; i < 4; ++i) t.post();  // posted together: may be seen one by one
     t.drain();
+    started = 0;  // the thread is idle after drain(): its state may be reset here
     // Every item is started and completed exactly once, each completion after its start, in order.
     std::vector<int> completed, begun;
     for (int v : log) (v >= 0 ? begun : completed).push_back(v);

@@ -134,11 +134,30 @@ class overlap_runner<Chained, Ctx, Eng> {
 
  public:
   overlap_runner(Ctx& cx, Eng& e)
-      : cx_(&cx), e_(&e), th_([this](std::size_t done, std::size_t posted) { return step(done, posted); }, [this] { started_ = 0; }) {
+      : cx_(&cx), e_(&e), th_([this](std::size_t done, std::size_t posted) { return step(done, posted); }) {
     replan();
   }
+  overlap_runner(const overlap_runner&) = delete;
+  overlap_runner& operator=(const overlap_runner&) = delete;
+  /// Destroyed mid-iteration (e.g. finish() refused a missing tensor): the thread stops after its
+  /// current step, and what it started is settled before the buffers go.
+  ~overlap_runner() {
+    th_.stop();
+    settle_started();
+  }
   void post(std::size_t) { th_.post(); }
-  void drain() { th_.drain(); }
+  /// After drain() the thread is idle (it waits for a post), so its counters can be read and reset
+  /// here; post() orders these writes before its next step.
+  void drain() {
+    try {
+      th_.drain();
+    } catch (...) {
+      settle_started();
+      started_ = waited_ = 0;
+      throw;
+    }
+    started_ = waited_ = 0;
+  }
   /// Between iterations (the thread is idle; post() orders these writes before its next step).
   void replan() {
     requests_.assign(cx_->buckets->size(), request{});
@@ -150,11 +169,13 @@ class overlap_runner<Chained, Ctx, Eng> {
   // Starts every posted bucket before completing any; true when bucket `done` completed.
   bool step(std::size_t done, std::size_t posted) {
     if (started_ < posted) {
-      const std::size_t b = started_++;
+      const std::size_t b = started_;
       if (cx_->tracer()) started_at_[b] = timeline::now_ns();
       requests_[b] = e_->start(b);
+      ++started_;
       return false;
     }
+    waited_ = done + 1;  // complete() waits on this request, whether it returns or throws
     e_->complete(done, requests_[done]);
     if (timeline* tl = cx_->tracer())
       tl->span(trace_kind::bucket, static_cast<std::uint32_t>(done), *cx_->iteration, started_at_[done], timeline::now_ns(),
@@ -162,11 +183,25 @@ class overlap_runner<Chained, Ctx, Eng> {
     return true;
   }
 
+  // After an error, or when destroyed mid-iteration: a bucket started but never waited on is still
+  // posted to the transport, which may run it later on this rank's buffers (the in-process
+  // transport does, when the last rank posts): complete each (their own timeouts bound this), so
+  // nothing outlives the exchanger.
+  void settle_started() {
+    for (std::size_t b = waited_; b < started_; ++b) {
+      try {
+        e_->complete(b, requests_[b]);
+      } catch (...) {  // the iteration already failed with the first error
+      }
+    }
+  }
+
   Ctx* cx_;
   Eng* e_;
   std::vector<request> requests_;
   std::vector<std::int64_t> started_at_;  // timeline: when each bucket's start() began
-  std::size_t started_ = 0;               // the thread's; reset by drain() while the thread is idle
+  std::size_t started_ = 0;               // buckets whose start() returned (the thread's; reset by drain())
+  std::size_t waited_ = 0;                // buckets whose complete() ran (the thread's; reset by drain())
   issuing_thread th_;                     // last: joined before the members above go
 };
 

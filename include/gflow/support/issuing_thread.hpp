@@ -19,18 +19,20 @@ class issuing_thread {
   /// true when it finished item `done` (one step per item: always true).
   using step_fn = std::function<bool(std::size_t done, std::size_t posted)>;
 
-  /// on_drain runs under the lock when drain() starts the counts afresh (the thread is idle then).
-  explicit issuing_thread(step_fn step, std::function<void()> on_drain = {})
-      : step_(std::move(step)), on_drain_(std::move(on_drain)), th_([this] { loop(); }) {}
+  explicit issuing_thread(step_fn step) : step_(std::move(step)), th_([this] { loop(); }) {}
   issuing_thread(const issuing_thread&) = delete;
   issuing_thread& operator=(const issuing_thread&) = delete;
-  ~issuing_thread() {
+  ~issuing_thread() { stop(); }
+
+  /// Lets the thread finish the step it is in, then ends it (posted items not begun are dropped).
+  /// Afterwards what its steps wrote may be read. Idempotent.
+  void stop() {
     {
       std::lock_guard lk(m_);
       stop_ = true;
     }
     cv_.notify_all();
-    th_.join();
+    if (th_.joinable()) th_.join();
   }
 
   /// One more item.
@@ -43,13 +45,14 @@ class issuing_thread {
   }
 
   /// Waits until every posted item finished; rethrows the first error; starts the counts afresh.
-  /// After an error the remaining items are dropped: the exchange of this iteration failed.
+  /// After an error the remaining items are dropped: the exchange of this iteration failed. On
+  /// return (or throw) the thread is idle until the next post(): what its steps wrote may be read
+  /// and reset by the caller.
   void drain() {
     std::unique_lock lk(m_);
     done_cv_.wait(lk, [&] { return done_ == posted_ || error_; });
     std::exception_ptr e = std::exchange(error_, nullptr);
     posted_ = done_ = 0;
-    if (on_drain_) on_drain_();
     if (e) std::rethrow_exception(e);
   }
 
@@ -77,7 +80,6 @@ class issuing_thread {
   }
 
   step_fn step_;
-  std::function<void()> on_drain_;
   std::mutex m_;
   std::condition_variable cv_, done_cv_;
   std::size_t posted_ = 0, done_ = 0;
