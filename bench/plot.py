@@ -234,10 +234,14 @@ def model_report(rows, out=None):
     fits = [r for r in rows if r.get("suite") == "model" and r.get("row") == "fit"]
     checks = [r for r in rows if r.get("suite") == "model" and r.get("row") == "check"]
     preds = [r for r in rows if r.get("suite") == "model" and r.get("row") == "predict"]
-    print("| fitted at P | kind | alpha (us) | beta (ns/B) | worst fit error over sizes |")
-    print("| ---: | --- | ---: | ---: | ---: |")
+    print("| fitted at P | kind | alpha (us) | beta (ns/B) | from (bytes) | alpha (us) | beta (ns/B) | worst fit error over sizes |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in sorted(fits, key=lambda r: (r["ranks"], r["kind"])):
-        print("| %d | %s | %.2f | %.4f | %.0f%% |" % (r["ranks"], r["kind"], r["alpha_s"] * 1e6, r["beta_s_per_byte"] * 1e9, r["fit_max_error"] * 100))
+        split = r.get("split_bytes", 0)
+        second = ("| %s | %.2f | %.4f " % (("%d KiB" % (split / 1024)) if split < (1 << 20) else ("%d MiB" % (split / (1 << 20))),
+                                           r["alpha_large_s"] * 1e6, r["beta_large_s_per_byte"] * 1e9)) if split else "| one regime | | "
+        print("| %d | %s | %.2f | %.4f %s| %.0f%% |" % (r["ranks"], r["kind"], r["alpha_s"] * 1e6, r["beta_s_per_byte"] * 1e9, second,
+                                                      r["fit_max_error"] * 100))
     print()
     print("| P | exchange | measured (ms) | model, fitted at the same P (ms) | error |")
     print("| ---: | --- | ---: | ---: | ---: |")

@@ -83,7 +83,7 @@ TEST_CASE("cost model: the alpha-beta fit recovers a line, clamps negatives, rej
   CHECK_THROWS_AS(plan::fit_alpha_beta(one, zero), invalid_argument);
   // per-kind shapes: a ring allreduce measured at P = 4 gives the link's alpha, beta back
   plan::cost_model m;
-  m.allreduce = {10e-6, 1e-9};
+  m.allreduce = plan::alpha_beta{10e-6, 1e-9};
   std::vector<double> yb;
   for (double v : x) yb.push_back(m.collective(plan::collective_kind::allreduce, 4, v));
   const auto k = plan::fit_kind(plan::collective_kind::allreduce, 4, x, yb);
@@ -93,6 +93,59 @@ TEST_CASE("cost model: the alpha-beta fit recovers a line, clamps negatives, rej
   m.all_gather = m.send_recv = m.broadcast = m.allreduce;
   CHECK(m.gtopk(1024, 25000, 8) < m.topk(1024, 25000, 8));
   CHECK(m.topk(2, 25000, 8) < m.dense(2, std::vector<double>{25e6 * 4}));
+}
+
+TEST_CASE("cost model: two regimes are found where one line cannot follow, one is kept where it can") {
+  // a token-bucket link: 1 ns/B up to 256 KiB, 8 ns/B from 1 MiB on (bench/netem.sh's shape)
+  const std::vector<double> x{4096, 16384, 65536, 262144, 1048576, 4194304, 16777216};
+  std::vector<double> y;
+  for (double v : x) y.push_back(v < 1e6 ? 5e-6 + v * 1e-9 : 40e-6 + v * 8e-9);
+  const auto f = plan::fit_kind_regimes(plan::collective_kind::send_recv, 2, x, y);
+  REQUIRE(f.split_in_two());
+  CHECK(f.split == 1048576.0);
+  CHECK(f.small.alpha == doctest::Approx(5e-6).epsilon(1e-6));
+  CHECK(f.small.beta == doctest::Approx(1e-9).epsilon(1e-6));
+  CHECK(f.large.alpha == doctest::Approx(40e-6).epsilon(1e-6));
+  CHECK(f.large.beta == doctest::Approx(8e-9).epsilon(1e-6));
+  plan::cost_model m;
+  m.send_recv = f;
+  for (std::size_t i = 0; i < x.size(); ++i) CHECK(m.collective(plan::collective_kind::send_recv, 2, x[i]) == doctest::Approx(y[i]).epsilon(1e-6));
+  // one line stays one regime, in the kind's shape (ring allreduce at P = 4)
+  plan::cost_model line;
+  line.allreduce = plan::alpha_beta{10e-6, 1e-9};
+  std::vector<double> ya;
+  for (double v : x) ya.push_back(line.collective(plan::collective_kind::allreduce, 4, v));
+  const auto g = plan::fit_kind_regimes(plan::collective_kind::allreduce, 4, x, ya);
+  CHECK_FALSE(g.split_in_two());
+  CHECK(g.at(1e9).alpha == doctest::Approx(10e-6).epsilon(1e-6));
+  CHECK(g.at(1e9).beta == doctest::Approx(1e-9).epsilon(1e-6));
+  // too few sizes to split (two on each side needed): one regime, never a throw
+  const std::vector<double> x3{1e3, 1e6, 1e7}, y3{1e-5, 1e-3, 8e-2};
+  CHECK_FALSE(plan::fit_kind_regimes(plan::collective_kind::send_recv, 2, x3, y3).split_in_two());
+}
+
+TEST_CASE("exchange model: local work is added per scheme as the engines do it") {
+  plan::exchange_model em;  // no communication cost: only the local terms remain
+  em.comm.allreduce = em.comm.all_gather = em.comm.send_recv = em.comm.broadcast = plan::alpha_beta{0, 0};
+  em.local.average = 1e-9;
+  em.local.zero = 2e-9;
+  em.local.accumulate = 3e-9;
+  em.local.defer = 4e-9;
+  em.local.entry = 10e-9;
+  em.local.union_step = 1e-9;
+  em.local.merge_step = 5e-9;
+  const std::size_t n = 1000000, k = 1000;
+  const std::vector<double> buckets{4e6};
+  CHECK(em.dense(4, buckets, n) == doctest::Approx(1e-3));
+  CHECK(em.csc(4, n, 1000, 0.01, 4) == doctest::Approx(4e-3));
+  // TopK at P = 4: 5 ns n, 4 k entries, unions k + 2k + 3k + 4k (disjoint lists)
+  CHECK(em.topk(4, k, 8, n) == doctest::Approx(5e-3 + 4 * k * 10e-9 + 10 * k * 1e-9));
+  // ... and the union never exceeds the pool: P = 4000 lists of k = n / 2
+  const double h = n / 2.0;  // unions: h, then h + h, then n + h for the other 3998 messages
+  CHECK(em.topk(4000, n / 2, 8, n) == doctest::Approx(5e-3 + 4000.0 * h * 10e-9 + (h + 2 * h + 3998.0 * (n + h)) * 1e-9));
+  // GTopK at P = 8: 3 rounds of a 2k merge, then the broadcast list's k entries
+  CHECK(em.gtopk(8, k, 8, n) == doctest::Approx(5e-3 + 3 * 2 * k * 5e-9 + k * 10e-9));
+  CHECK(em.gtopk(1, k, 8, n) == doctest::Approx(5e-3 + k * 10e-9));
 }
 
 TEST_CASE("tuner: modelled completion follows the ready prefix and serialises buckets") {

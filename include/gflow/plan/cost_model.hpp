@@ -9,10 +9,13 @@
 //   all_gather  (Table I TopK)  T = ceil(log2 P) alpha + (P-1) * n * beta
 //   send_recv   one message     T = alpha + n * beta
 //   broadcast   flat tree       T = ceil(log2 P) (alpha + n * beta)
-// The exchange predictions compose these (Dense, Hierarchical, TopK, GTopK, CSC).
+// A kind may have two regimes split at a message size (kind_fit). The exchange predictions
+// compose these (Dense, Hierarchical, TopK, GTopK, CSC); exchange_model adds each scheme's local
+// work (passes over the pool, work per received entry).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -104,11 +107,65 @@ inline alpha_beta fit_kind(collective_kind k, int P, std::span<const double> byt
   return {raw.alpha / s.latency_terms, raw.beta / s.byte_factor};
 }
 
-/// The fitted model: one (alpha, beta) per kind.
-struct cost_model {
-  alpha_beta allreduce, all_gather, send_recv, broadcast;
+/// A kind's cost in one or two regimes: messages below `split` bytes (per rank) on one
+/// alpha-beta line, the others on a second. Transports change protocol with the message size
+/// (Open MPI's tuned collectives switch algorithm at size thresholds; eager vs rendezvous; a
+/// token-bucket link passes a burst at line rate and the rest at its rate), which one line over
+/// 4 KiB .. 16 MiB cannot follow (on bench/netem.sh: 0.8 ns/B below 256 KiB, 8.4 above).
+struct kind_fit {
+  alpha_beta small{};  // every message when there is one regime
+  alpha_beta large{};
+  double split = std::numeric_limits<double>::infinity();
 
-  [[nodiscard]] const alpha_beta& of(collective_kind k) const noexcept {
+  kind_fit() = default;
+  kind_fit(alpha_beta one) noexcept : small(one), large(one) {}  // one regime
+  kind_fit(alpha_beta s, alpha_beta l, double at) noexcept : small(s), large(l), split(at) {}
+  [[nodiscard]] const alpha_beta& at(double bytes) const noexcept { return bytes < split ? small : large; }
+  [[nodiscard]] bool split_in_two() const noexcept { return split != std::numeric_limits<double>::infinity(); }
+};
+
+/// fit_kind with a regime change: every split between two measured sizes that leaves at least
+/// two sizes on each side is tried, and the one with the smallest worst relative error over the
+/// samples is kept if it beats one line's by at least `gain` (2 points of relative error: a
+/// split must explain something, not rounding). Returns one regime otherwise.
+inline kind_fit fit_kind_regimes(collective_kind k, int P, std::span<const double> bytes, std::span<const double> seconds, double gain = 0.02) {
+  const kind_fit one = fit_kind(k, P, bytes, seconds);
+  const kind_shape sh = shape_of(k, P);
+  auto worst = [&](const kind_fit& f) {
+    double w = 0;
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      const alpha_beta& r = f.at(bytes[i]);
+      w = std::max(w, std::abs((sh.latency_terms * r.alpha + sh.byte_factor * bytes[i] * r.beta) / seconds[i] - 1.0));
+    }
+    return w;
+  };
+  std::vector<double> sizes(bytes.begin(), bytes.end());
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  kind_fit best = one;
+  double best_err = worst(one) - gain;
+  for (std::size_t c = 2; c + 2 <= sizes.size(); ++c) {
+    const double at = sizes[c];  // sizes[c..] are large
+    std::vector<double> xs, ys, xl, yl;
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      (bytes[i] < at ? xs : xl).push_back(bytes[i]);
+      (bytes[i] < at ? ys : yl).push_back(seconds[i]);
+    }
+    const kind_fit two(fit_kind(k, P, xs, ys), fit_kind(k, P, xl, yl), at);
+    const double e = worst(two);
+    if (e < best_err) {
+      best = two;
+      best_err = e;
+    }
+  }
+  return best;
+}
+
+/// The fitted model: one kind_fit per kind.
+struct cost_model {
+  kind_fit allreduce, all_gather, send_recv, broadcast;
+
+  [[nodiscard]] const kind_fit& of(collective_kind k) const noexcept {
     switch (k) {
       case collective_kind::allreduce: return allreduce;
       case collective_kind::all_gather: return all_gather;
@@ -121,7 +178,7 @@ struct cost_model {
   [[nodiscard]] double collective(collective_kind k, int P, double bytes) const {
     if (P <= 1) return 0.0;
     const kind_shape s = shape_of(k, P);
-    const alpha_beta& f = of(k);
+    const alpha_beta& f = of(k).at(bytes);
     return s.latency_terms * f.alpha + s.byte_factor * bytes * f.beta;
   }
 
@@ -151,7 +208,7 @@ struct cost_model {
     if (P <= 1) return 0.0;
     const double lg = gtopk_rounds(P);
     const double msg = static_cast<double>(k * pair_bytes);
-    return lg * send_recv.time(msg) + collective(collective_kind::broadcast, P, msg);
+    return lg * send_recv.at(msg).time(msg) + collective(collective_kind::broadcast, P, msg);
   }
   /// CSC: the allreduce of the chunk norms (fp32, one per chunk) and of the selected chunks in
   /// the wire type, one allreduce each (the selected chunks fused into one buffer).
@@ -160,6 +217,56 @@ struct cost_model {
     const double selected = std::ceil(chunks * fraction) * static_cast<double>(chunk_elems);
     return collective(collective_kind::allreduce, P, chunks * 4.0) +
            collective(collective_kind::allreduce, P, std::min(selected, static_cast<double>(elements)) * static_cast<double>(wire_bytes));
+  }
+};
+
+/// An exchange's local work on each rank, per unit, measured on the machine the model is for
+/// (`bench/run model` times the engines' own kernels on every rank at once, so shared cores and
+/// memory bandwidth are in the figures). Seconds per pool element / per sparse entry.
+struct local_costs {
+  double average = 0;     // Dense: the average and inf/NaN count of a bucket just reduced (in cache), per element
+  double zero = 0;        // TopK / GTopK: writing the pool's zeros before the result goes in, per element
+  double accumulate = 0;  // TopK / GTopK: the residual accumulation beyond the selection, per element
+  double defer = 0;       // CSC: the history pass over kept-back chunks (defer_chunks), per element
+  double entry = 0;       // a received (index, value): validated and decoded twice, scatter-added, averaged
+  double union_step = 0;  // TopK: one element through the sorted union of the received lists
+  double merge_step = 0;  // GTopK: a received message validated and merged (merge_topk), per element of the 2k union
+};
+
+/// Exchange time = communication (cost_model, Table I) + local work (local_costs), per scheme,
+/// counting what the engines do (engines/dense.hpp, engines/topk/, engines/csc.hpp):
+///   Dense / Hierarchical  one average pass over the pool
+///   TopK    residual accumulation, zeros, P messages of k entries, and their union: message q
+///           merges k entries into a union of up to q k (disjoint selections: the upper bound)
+///   GTopK   residual accumulation, zeros, per merge round a received message merged with the
+///           rank's list (2k elements), and the broadcast list's k entries
+///   CSC     the history pass over the pool (kept-back chunks; the selected fraction is
+///           compacted and scattered instead, at about the same cost per element)
+/// The selection itself is left out of the sparse schemes, as bench/run sparse reports them
+/// (total minus the selection). On a cluster the per-element terms are per rank and stay as
+/// measured for any P; on one shared-memory host they were measured with P ranks sharing it.
+struct exchange_model {
+  cost_model comm;
+  local_costs local;
+
+  [[nodiscard]] double dense(int P, std::span<const double> bucket_bytes, std::size_t elements) const {
+    return comm.dense(P, bucket_bytes) + local.average * static_cast<double>(elements);
+  }
+  [[nodiscard]] double hierarchical(int P, int G, std::span<const double> bucket_bytes, std::size_t elements) const {
+    return comm.hierarchical(P, G, bucket_bytes) + local.average * static_cast<double>(elements);
+  }
+  [[nodiscard]] double topk(int P, std::size_t k, std::size_t pair_bytes, std::size_t elements) const {
+    const double n = static_cast<double>(elements), kk = static_cast<double>(k), p = P;
+    double unions = 0;  // message q meets a union of min(q k, n) entries
+    for (int q = 0; q < P; ++q) unions += std::min(q * kk, n) + kk;
+    return comm.topk(P, k, pair_bytes) + (local.accumulate + local.zero) * n + p * kk * local.entry + unions * local.union_step;
+  }
+  [[nodiscard]] double gtopk(int P, std::size_t k, std::size_t pair_bytes, std::size_t elements) const {
+    const double n = static_cast<double>(elements), kk = static_cast<double>(k), lg = P > 1 ? gtopk_rounds(P) : 0.0;
+    return comm.gtopk(P, k, pair_bytes) + (local.accumulate + local.zero) * n + lg * 2.0 * kk * local.merge_step + kk * local.entry;
+  }
+  [[nodiscard]] double csc(int P, std::size_t elements, std::size_t chunk_elems, double fraction, std::size_t wire_bytes) const {
+    return comm.csc(P, elements, chunk_elems, fraction, wire_bytes) + local.defer * static_cast<double>(elements);
   }
 };
 
