@@ -56,6 +56,9 @@ case "$cmd" in
     else echo "netem: $n namespaces at $rate each" >&2; fi ;;
   down)
     for ((i = 0; i < n; i++)); do ip netns del "$(ns $i)" 2>/dev/null || true; done
+    # A namespace still held by an exiting process lives on, and so does its veth's peer here:
+    # delete the peers too, or the next `up` finds them ("File exists").
+    for l in $(ip -o link show 2>/dev/null | sed -n 's/^[0-9]*: \(gfp[0-9]*\)@.*/\1/p'); do ip link del "$l" 2>/dev/null || true; done
     ip link del gfbr 2>/dev/null || true ;;
   run)
     shift 2; [[ "${1:-}" == "--" ]] && shift
