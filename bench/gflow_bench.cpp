@@ -505,7 +505,7 @@ overlap_result run_overlap_variant(const char* name, const options& o, const gfl
 // Autotuned: runs until the tuner has been settled for 10 iterations (at most 80), and reports
 // the median of those 10 and the iteration at which it settled.
 struct tuned_point {
-  std::size_t threshold;
+  std::size_t threshold, first;
   stats it;
   int settled_at;  // -1: fixed
   std::size_t retunes;
@@ -543,7 +543,7 @@ tuned_point run_backward_only(const options& o, const gflow::Layout& l, double p
   if (its.empty()) its.push_back(0.0);
   std::size_t retunes = 0;
   if constexpr (E::template on<gflow::mpi::transport>::autotuned) retunes = ex.tuner().retunes();
-  return {ex.threshold_bytes(), summarize(its), settled_at, retunes};
+  return {ex.threshold_bytes(), ex.first_bucket_bytes(), summarize(its), settled_at, retunes};
 }
 
 template <class W>
@@ -576,15 +576,15 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
       if (f.threshold == (25u << 20)) at25 = f.it.median;
       if (f.threshold == (64u << 20)) at64 = f.it.median;
     }
-    std::fprintf(stderr, "  ratio %.2f: autotuned %zu B: %.2f ms (settled at iteration %d, %zu retunes); best fixed %zu B: %.2f ms -> %.3f; vs 25 MiB %.3f, vs 64 MiB %.3f\n",
-                 ratio, tuned.threshold, tuned.it.median * 1e3, tuned.settled_at, tuned.retunes, best->threshold, best->it.median * 1e3,
+    std::fprintf(stderr, "  ratio %.2f: autotuned %zu B (first bucket %zu B): %.2f ms (settled at iteration %d, %zu retunes); best fixed %zu B: %.2f ms -> %.3f; vs 25 MiB %.3f, vs 64 MiB %.3f\n",
+                 ratio, tuned.threshold, tuned.first, tuned.it.median * 1e3, tuned.settled_at, tuned.retunes, best->threshold, best->it.median * 1e3,
                  tuned.it.median / best->it.median, tuned.it.median / at25, tuned.it.median / at64);
     auto row = [&](const char* variant, const tuned_point& p) {
       std::printf(
           "{\"suite\":\"overlap\",\"layout\":\"%s\",\"ranks\":%d,\"variant\":\"%s\",\"strategy\":\"Funneled\",\"wire\":\"%s\","
-          "\"threshold_bytes\":%zu,\"iteration_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"compute_ratio\":%.3f,\"settled_at\":%d,"
+          "\"threshold_bytes\":%zu,\"first_bucket_bytes\":%zu,\"iteration_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"compute_ratio\":%.3f,\"settled_at\":%d,"
           "\"retunes\":%zu,\"iterations\":%d}\n",
-          layout_name.c_str(), P, variant, o.wire.c_str(), p.threshold, p.it.median, p.it.p10, p.it.p90, ratio, p.settled_at, p.retunes,
+          layout_name.c_str(), P, variant, o.wire.c_str(), p.threshold, p.first, p.it.median, p.it.p10, p.it.p90, ratio, p.settled_at, p.retunes,
           p.settled_at < 0 ? o.iters : 10);
     };
     for (const auto& f : fixed) row("fixed", f);

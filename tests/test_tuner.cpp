@@ -292,7 +292,7 @@ TEST_CASE("Fusion<Auto>: the tuner's state goes into checkpoints and comes back"
   using E = Exchanger<Fusion<Auto>, Overlap<Funneled>>;
   std::vector<std::vector<std::size_t>> th;
   std::vector<std::string> saved;
-  autotuned_run<E>(2, 25, th, &saved, 24);  // settled by then (4 probes x 3 + verify 3 <= 15)
+  autotuned_run<E>(2, 35, th, &saved, 34);  // settled by then (5 probes x 5 + verify 5 <= 30)
   const Layout l = Layout::from_sizes({3000, 70, 10240, 640, 10, 5130, 20480, 50, 900, 40000, 12, 8000});
   inproc::run(2, [&](inproc::transport& t) {
     E::on<inproc::transport> a(t, l);
@@ -336,7 +336,7 @@ TEST_CASE("tuner: state round trip through the checkpoint format (settled and pr
     }
   };
   detail::fusion_tuner a(l, pool, 4, 4u << 20);
-  feed(a, 30);
+  feed(a, 40);  // settled by then (5 probes x 5 + verify 5 <= 30)
   REQUIRE(a.state() == detail::fusion_tuner::phase::settled);
   std::stringstream ss;
   detail::checkpoint_writer w(ss);
@@ -356,7 +356,7 @@ TEST_CASE("tuner: state round trip through the checkpoint format (settled and pr
   CHECK(b.state() == a.state());
   // a tuner saved mid-probe restarts its probe from the initial plan
   detail::fusion_tuner c(l, pool, 4, 4u << 20);
-  feed(c, 4);
+  feed(c, 6);  // into the second probe (5 iterations per plan)
   REQUIRE(c.state() == detail::fusion_tuner::phase::probe);
   REQUIRE(c.current().threshold != (4u << 20));
   std::stringstream s2;

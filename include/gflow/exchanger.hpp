@@ -173,6 +173,7 @@ class basic_exchanger {
   [[nodiscard]] const plan::pool_plan& pool_plan() const noexcept { return pool_; }
   [[nodiscard]] const std::vector<plan::bucket>& buckets() const noexcept { return buckets_; }
   [[nodiscard]] std::size_t threshold_bytes() const noexcept { return threshold_; }
+  [[nodiscard]] std::size_t first_bucket_bytes() const noexcept { return first_bucket_; }
   [[nodiscard]] std::uint64_t iteration() const noexcept { return iteration_; }
   [[nodiscard]] T& transport() const noexcept { return *t_; }
   /// Device transports: the stream the backward pass writes gradients on. Each bucket's work is

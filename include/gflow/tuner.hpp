@@ -6,7 +6,7 @@
 // After every finish() the exchanger hands the tuner this rank's measurements of the iteration:
 // when each tensor became ready (since the iteration's first ready()), how long each bucket's
 // exchange took, and the iteration's time. The tuner
-//   1. probes: runs a few fixed thresholds (the initial one, 64 KiB, 1 MiB, 16 MiB), a few
+//   1. probes: runs a few fixed thresholds (the initial one, 64 KiB, 256 KiB, 1 MiB, 16 MiB), five
 //      iterations each, collecting (bucket bytes, seconds) and the ready times;
 //   2. fits alpha + beta * bytes to the bucket times (plan/cost_model.hpp) and picks the
 //      threshold (2^16 ... 2^28 bytes) and first bucket that minimise the modelled completion of
@@ -45,8 +45,11 @@ struct tuner_sample {
 };
 
 struct tuner_settings {
-  std::vector<std::size_t> probes{std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20};  // besides the initial threshold
-  int iterations_per_plan = 3;  // per probe and for the verification; the median counts
+  // besides the initial threshold; factor-4 steps over the range where this machine's sweeps found the best
+  std::vector<std::size_t> probes{std::size_t{64} << 10, std::size_t{256} << 10, std::size_t{1} << 20, std::size_t{16} << 20};
+  // per probe and for the verification; the median counts (3 let a 7%-slower threshold win on noise
+  // on 2 shared cores: docs/BENCHMARKS.md, auto-tuner)
+  int iterations_per_plan = 5;
   int window = 10;              // settled: iterations per drift check
   double drift = 0.2;           // relative change that triggers a new probe
   std::size_t min_threshold = std::size_t{64} << 10;
