@@ -11,7 +11,7 @@
 #   topology  Ring vs Hierarchical vs Hybrid on shared memory, resnet50, 4 and 8 ranks
 #   trace     the timeline's cost when on (gflow_traced / gflow, resnet50 and resnet20) and the
 #             ResNet-50 overlap trace on 4 ranks drawn into docs/timeline_resnet50_4.png
-#   model     the alpha-beta fit and its error at P = 2, 4, 8 (model_resnet50_<P>.jsonl)
+#   model     the alpha-beta fit + local work and its error at P = 2, 4, 8 (model_resnet50_<P>[_rN].jsonl)
 #   autotune  overlap --autotune, resnet50 and gpt2_small, 4 ranks, compute ratios 0.5, 1, 2
 # Run it alone on the machine: a compile or a test beside it makes the numbers worthless.
 set -euo pipefail
@@ -68,11 +68,16 @@ for s in "${sections[@]}"; do
       run "$out/trace_overlap_resnet50_4.jsonl" overlap --layout resnet50 --ranks 4 --quick --compute-ratio 1 --trace "$out/trace_overlap_resnet50_4.json"
       python3 "$root/bench/plot.py" trace "$out/trace_overlap_resnet50_4.json" -o "$root/docs/timeline_resnet50_4.png" ;;
     model)
-      for p in 2 4 8; do run "$out/model_resnet50_${p}.jsonl" model --layout resnet50 --ranks "$p" --quick; done
-      python3 "$root/bench/plot.py" model "$out"/model_resnet50_*.jsonl -o "$root/docs/cost_model.png" ;;
+      for r in $(seq 1 "$repeats"); do  # the check compares medians over repeats (docs/BENCHMARKS.md)
+        for p in 2 4 8; do
+          suffix=""; ((r > 1)) && suffix="_r$r"
+          run "$out/model_resnet50_${p}${suffix}.jsonl" model --layout resnet50 --ranks "$p" --reps 15 --iters 15
+        done
+      done
+      python3 "$root/bench/plot.py" model "$out"/model_resnet50_[248].jsonl -o "$root/docs/cost_model.png" ;;
     autotune)
       for l in resnet50 gpt2_small; do
-        run "$out/autotune_${l}_4.jsonl" overlap --layout "$l" --ranks 4 --autotune --compute-ratio 0.5,1,2 --quick
+        run "$out/autotune_${l}_4.jsonl" overlap --layout "$l" --ranks 4 --autotune --compute-ratio 0.5,1,2
       done
       python3 "$root/bench/plot.py" autotune "$out"/autotune_*_4.jsonl ;;
   esac
