@@ -11,7 +11,10 @@
 #                                      groups at RATE, inside a group at INTRA (e.g. up 4 1gbit 2 10gbit)
 #   sudo bench/netem.sh run N -- ARGS  runs bench/gflow_bench ARGS on N ranks, one per namespace
 #   sudo bench/netem.sh down N
-# tbf's burst is kept well above the MTU and GSO segment sizes, or packets are dropped.
+# tbf's burst is kept well above the MTU and GSO segment sizes, or packets are dropped. Its 4 MB
+# also lets a message of up to 4 MB that follows a pause leave at the veth's speed (sparse schemes'
+# messages after their local work); a 256 kB burst or a tbf peak rate cost TCP half its throughput
+# here, and sch_netem's rate is not in this kernel (docs/BENCHMARKS.md, the cost model on netem).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cmd="${1:-}"; n="${2:-}"
