@@ -56,6 +56,7 @@ struct options {
   std::vector<double> densities{0.001, 0.01};  // sparse
   std::string transport = "mpi";               // sparse: mpi or inproc
   bool topologies = false;                     // exchange: also Hierarchical<2|4> and Hybrid
+  bool hybrid = false;                         // overlap --autotune --topology hybrid: Hybrid<1 MiB, 2>, switch tuned too
   int ranks = 0;                               // inproc: thread ranks
   int iters = 0, warmup = 0;
   std::string trace;                            // exchange / overlap: write a Chrome trace here
@@ -69,7 +70,8 @@ struct options {
                "gflow_bench: %s\n"
                "usage: bench/run exchange|overlap [--ranks N] [--layout NAME|PATH] [--threshold BYTES] [--wire fp32|fp16|bf16]\n"
                "                          [--quick] [--sweep] [--iters N] [--warmup N] [--compute-ratio R[,R...]] [--trace FILE]\n"
-               "       bench/run overlap --autotune [--compute-ratio 0.5,1,2]   (fixed-threshold sweep + Fusion<Auto>)\n"
+               "       bench/run overlap --autotune [--compute-ratio 0.5,1,2] [--topology hybrid]   (fixed-threshold sweep + Fusion<Auto>;\n"
+               "                          hybrid: Hybrid<1 MiB, 2> with the switch at all-ring / 1 MiB / all-hierarchical, tuned too)\n"
                "       bench/run model [--ranks N] [--layout L] [--reps N]       (alpha-beta fit, predictions P = 2..1024, error at N)\n"
                "       bench/run sparse [--ranks N] [--layout L] [--density 0.001,0.01] [--transport mpi|inproc]\n"
                "       bench/run kernels [--layout L1,L2 (default resnet50,gpt2_small)] [--iters N] [--warmup N]\n",
@@ -136,7 +138,9 @@ options parse(int argc, char** argv) {
     else if (a == "--topology") {
       const std::string v = next();
       if (v == "all") o.topologies = true;
-      else if (v != "ring") usage("--topology takes ring or all (ring + Hierarchical<2>, <4> + Hybrid<1 MiB, 2>)");
+      else if (v == "hybrid") o.hybrid = true;
+      else if (v != "ring")
+        usage("--topology takes ring, all (exchange: ring + Hierarchical<2>, <4> + Hybrid<1 MiB, 2>) or hybrid (overlap --autotune: Hybrid<1 MiB, 2>)");
     }
     else if (a == "--iters") o.iters = std::stoi(next());
     else if (a == "--warmup") o.warmup = std::stoi(next());
@@ -146,6 +150,7 @@ options parse(int argc, char** argv) {
   if (o.suite != "exchange" && o.suite != "overlap" && o.suite != "sparse" && o.suite != "kernels" && o.suite != "model")
     usage("unknown suite '" + o.suite + "' (available: exchange, overlap, sparse, kernels, model)");
   if (o.compute_ratios.empty()) o.compute_ratios.push_back(o.compute_ratio);
+  if (o.hybrid && !(o.suite == "overlap" && o.autotune)) usage("--topology hybrid is for overlap --autotune (exchange takes --topology all)");
   if (o.compute_ratios.size() > 1 && !o.autotune) usage("several --compute-ratio values need --autotune (the sweep runs them in one invocation)");
   for (double r : o.compute_ratios)
     if (!(r >= 0)) usage("--compute-ratio values must be >= 0");
@@ -509,23 +514,29 @@ struct tuned_point {
   stats it;
   int settled_at;  // -1: fixed
   std::size_t retunes;
+  std::size_t hybrid_switch;  // Topology<Hybrid>: the switch it ran with (0: none)
 };
 
 template <class E>
-tuned_point run_backward_only(const options& o, const gflow::Layout& l, double per_elem_s, std::size_t threshold) {
+tuned_point run_backward_only(const options& o, const gflow::Layout& l, double per_elem_s, std::size_t threshold, std::size_t hybrid_switch = 0) {
+  using X = typename E::template on<gflow::mpi::transport>;
   gflow::mpi::transport tr(MPI_COMM_WORLD);
   gflow::exchange_options eo;
   eo.threshold_bytes = threshold;
-  typename E::template on<gflow::mpi::transport> ex(tr, l, eo);
+  X ex(tr, l, eo);
+  constexpr bool switched = gflow::detail::switched_topology<std::remove_reference_t<decltype(ex.topology())>>;
+  if constexpr (switched) {
+    if (hybrid_switch != 0) ex.topology().set_threshold(hybrid_switch);
+  }
   std::vector<double> its;
   int settled_at = -1, settled_run = 0;
-  const int max_iters = E::template on<gflow::mpi::transport>::autotuned ? 80 : o.warmup + o.iters;
+  const int max_iters = X::autotuned ? 80 : o.warmup + o.iters;
   for (int it = 0; it < max_iters; ++it) {
     MPI_Barrier(MPI_COMM_WORLD);
     double slept = 0;
     double di = simulated_backward(ex, l, per_elem_s, slept);
     MPI_Allreduce(MPI_IN_PLACE, &di, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if constexpr (E::template on<gflow::mpi::transport>::autotuned) {
+    if constexpr (X::autotuned) {
       // identical on every rank: the tuner's phase is rank 0's, broadcast in finish()
       if (ex.tuner().state() == gflow::detail::fusion_tuner::phase::settled) {
         if (settled_run == 0) settled_at = it + 1;
@@ -541,21 +552,34 @@ tuned_point run_backward_only(const options& o, const gflow::Layout& l, double p
     }
   }
   if (its.empty()) its.push_back(0.0);
-  std::size_t retunes = 0;
-  if constexpr (E::template on<gflow::mpi::transport>::autotuned) retunes = ex.tuner().retunes();
-  return {ex.threshold_bytes(), ex.first_bucket_bytes(), summarize(its), settled_at, retunes};
+  std::size_t retunes = 0, sw = 0;
+  if constexpr (X::autotuned) retunes = ex.tuner().retunes();
+  if constexpr (switched) sw = ex.topology().threshold();
+  return {ex.threshold_bytes(), ex.first_bucket_bytes(), summarize(its), settled_at, retunes, sw};
 }
 
-template <class W>
+// Topo: Topology<Ring> (the sweep is over thresholds) or Topology<Hybrid<1 MiB, 2>> (thresholds x
+// switch at all-ring / 1 MiB / all-hierarchical; the tuner tunes the switch too).
+template <class W, class Topo>
 void run_autotune_suite(const options& o, const gflow::Layout& l, const std::string& layout_name) {
   int rank = 0, P = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &P);
   using gflow::Overlap;
   using Pr = gflow::Precision<W>;
-  using Fixed = gflow::Exchanger<Pr, gflow::Fusion<(4u << 20)>, Overlap<gflow::Funneled>>;
-  using Tuned = gflow::Exchanger<Pr, gflow::Fusion<gflow::Auto>, Overlap<gflow::Funneled>>;
+  using Fixed = gflow::Exchanger<Pr, gflow::Fusion<(4u << 20)>, Topo, Overlap<gflow::Funneled>>;
+  using Tuned = gflow::Exchanger<Pr, gflow::Fusion<gflow::Auto>, Topo, Overlap<gflow::Funneled>>;
+  constexpr bool hybrid = !std::is_same_v<Topo, gflow::Topology<gflow::Ring>>;
   const std::vector<std::size_t> sweep{64u << 10, 256u << 10, 1u << 20, 4u << 20, 16u << 20, 25u << 20, 64u << 20};
+  const std::vector<std::size_t> switches =
+      hybrid ? std::vector<std::size_t>{gflow::detail::fusion_plan::all_ring, 1u << 20, gflow::detail::fusion_plan::all_hierarchical}
+             : std::vector<std::size_t>{0};
+  const char* topo_name = hybrid ? "Hybrid<1MiB,2>" : "Ring";
+  auto switch_name = [](std::size_t sw) -> std::string {
+    if (sw == gflow::detail::fusion_plan::all_ring) return "all ring";
+    if (sw == gflow::detail::fusion_plan::all_hierarchical) return "all hierarchical";
+    return std::to_string(sw) + " B";
+  };
   options cal = o;
   cal.warmup = 1;
   cal.iters = 7;
@@ -564,33 +588,44 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
     const double per_elem = ratio * base.exchange.median / static_cast<double>(l.total_numel());
     std::vector<tuned_point> fixed;
     for (std::size_t th : sweep) {
-      fixed.push_back(run_backward_only<Fixed>(o, l, per_elem, th));
-      if (rank == 0) std::fprintf(stderr, "  ratio %.2f: fixed %zu B: %.2f ms\n", ratio, th, fixed.back().it.median * 1e3);
+      for (std::size_t sw : switches) {  // interleaved: a switch's runs are not all in one stretch of time
+        fixed.push_back(run_backward_only<Fixed>(o, l, per_elem, th, sw));
+        if (rank == 0)
+          std::fprintf(stderr, "  ratio %.2f: fixed %zu B%s: %.2f ms\n", ratio, th, hybrid ? (", switch " + switch_name(sw)).c_str() : "",
+                       fixed.back().it.median * 1e3);
+      }
     }
     const tuned_point tuned = run_backward_only<Tuned>(o, l, per_elem, 4u << 20);
     if (rank != 0) continue;
     const tuned_point* best = &fixed.front();
-    double at25 = 0, at64 = 0;
+    double at25 = 1e300, at64 = 1e300;  // best over the switches at DDP's / Horovod's threshold
     for (const auto& f : fixed) {
       if (f.it.median < best->it.median) best = &f;
-      if (f.threshold == (25u << 20)) at25 = f.it.median;
-      if (f.threshold == (64u << 20)) at64 = f.it.median;
+      if (f.threshold == (25u << 20)) at25 = std::min(at25, f.it.median);
+      if (f.threshold == (64u << 20)) at64 = std::min(at64, f.it.median);
     }
-    std::fprintf(stderr, "  ratio %.2f: autotuned %zu B (first bucket %zu B): %.2f ms (settled at iteration %d, %zu retunes); best fixed %zu B: %.2f ms -> %.3f; vs 25 MiB %.3f, vs 64 MiB %.3f\n",
-                 ratio, tuned.threshold, tuned.first, tuned.it.median * 1e3, tuned.settled_at, tuned.retunes, best->threshold, best->it.median * 1e3,
-                 tuned.it.median / best->it.median, tuned.it.median / at25, tuned.it.median / at64);
+    std::fprintf(stderr, "  ratio %.2f: autotuned %zu B (first bucket %zu B%s): %.2f ms (settled at iteration %d, %zu retunes); best fixed %zu B%s: %.2f ms -> %.3f; vs 25 MiB %.3f, vs 64 MiB %.3f\n",
+                 ratio, tuned.threshold, tuned.first, hybrid ? (", switch " + switch_name(tuned.hybrid_switch)).c_str() : "", tuned.it.median * 1e3,
+                 tuned.settled_at, tuned.retunes, best->threshold, hybrid ? (", switch " + switch_name(best->hybrid_switch)).c_str() : "",
+                 best->it.median * 1e3, tuned.it.median / best->it.median, tuned.it.median / at25, tuned.it.median / at64);
     auto row = [&](const char* variant, const tuned_point& p) {
       std::printf(
-          "{\"suite\":\"overlap\",\"layout\":\"%s\",\"ranks\":%d,\"variant\":\"%s\",\"strategy\":\"Funneled\",\"wire\":\"%s\","
-          "\"threshold_bytes\":%zu,\"first_bucket_bytes\":%zu,\"iteration_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"compute_ratio\":%.3f,\"settled_at\":%d,"
-          "\"retunes\":%zu,\"iterations\":%d}\n",
-          layout_name.c_str(), P, variant, o.wire.c_str(), p.threshold, p.first, p.it.median, p.it.p10, p.it.p90, ratio, p.settled_at, p.retunes,
-          p.settled_at < 0 ? o.iters : 10);
+          "{\"suite\":\"overlap\",\"layout\":\"%s\",\"ranks\":%d,\"variant\":\"%s\",\"strategy\":\"Funneled\",\"topology\":\"%s\",\"wire\":\"%s\","
+          "\"threshold_bytes\":%zu,\"first_bucket_bytes\":%zu,\"hybrid_switch_bytes\":%zu,\"iteration_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,"
+          "\"compute_ratio\":%.3f,\"settled_at\":%d,\"retunes\":%zu,\"iterations\":%d}\n",
+          layout_name.c_str(), P, variant, topo_name, o.wire.c_str(), p.threshold, p.first, p.hybrid_switch, p.it.median, p.it.p10, p.it.p90, ratio,
+          p.settled_at, p.retunes, p.settled_at < 0 ? o.iters : 10);
     };
     for (const auto& f : fixed) row("fixed", f);
     row("autotuned", tuned);
     std::fflush(stdout);
   }
+}
+
+template <class W>
+void run_autotune_suite(const options& o, const gflow::Layout& l, const std::string& layout_name) {
+  if (o.hybrid) run_autotune_suite<W, gflow::Topology<gflow::Hybrid<(1u << 20), 2>>>(o, l, layout_name);
+  else run_autotune_suite<W, gflow::Topology<gflow::Ring>>(o, l, layout_name);
 }
 
 template <class W>

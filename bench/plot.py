@@ -210,24 +210,33 @@ def autotune_table(rows, out=None):
     groups = defaultdict(list)
     for r in rows:
         if r.get("suite") == "overlap" and r.get("variant") in ("fixed", "autotuned"):
-            groups[(r["layout"], r["ranks"], r["compute_ratio"])].append(r)
-    print("| layout | ranks | compute ratio | best fixed (ms) | at | 25 MiB (ms) | 64 MiB (ms) | auto-tuned (ms) | its threshold | settled at | auto / best | auto / 25 MiB | auto / 64 MiB |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for (layout, ranks, ratio), rs in sorted(groups.items()):
+            groups[(r["layout"], r["ranks"], r.get("topology", "Ring"), r["compute_ratio"])].append(r)
+
+    def kib(b):
+        return "%d KiB" % (b >> 10) if b < (1 << 20) else "%d MiB" % (b >> 20)
+
+    def switch(r):  # Topology<Hybrid>: the switch a row ran with
+        sw = r.get("hybrid_switch_bytes", 0)
+        if not sw:
+            return ""
+        return ", all ring" if sw == 1 else ", all hier." if sw >= (1 << 63) else ", switch " + kib(sw)
+
+    print("| layout | ranks | topology | compute ratio | best fixed (ms) | at | 25 MiB (ms) | 64 MiB (ms) | auto-tuned (ms) | its plan | settled at | auto / best | auto / 25 MiB | auto / 64 MiB |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for (layout, ranks, topo, ratio), rs in sorted(groups.items()):
         fixed = [r for r in rs if r["variant"] == "fixed"]
         auto = [r for r in rs if r["variant"] == "autotuned"]
         if not fixed or not auto:
             continue
         a = auto[-1]
         best = min(fixed, key=lambda r: r["iteration_s"])
-        f25 = next((r for r in fixed if r["threshold_bytes"] == 25 << 20), None)
-        f64 = next((r for r in fixed if r["threshold_bytes"] == 64 << 20), None)
-        def kib(b):
-            return "%d KiB" % (b >> 10) if b < (1 << 20) else "%d MiB" % (b >> 20)
-        print("| %s | %d | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %s | %d | %.3f | %.3f | %.3f |" % (
-            layout, ranks, ratio, best["iteration_s"] * 1e3, kib(best["threshold_bytes"]), f25["iteration_s"] * 1e3, f64["iteration_s"] * 1e3,
-            a["iteration_s"] * 1e3, kib(a["threshold_bytes"]), a["settled_at"], a["iteration_s"] / best["iteration_s"],
-            a["iteration_s"] / f25["iteration_s"], a["iteration_s"] / f64["iteration_s"]))
+        # DDP's and Horovod's thresholds: the best row at that threshold (over the switches for Hybrid)
+        f25 = min((r for r in fixed if r["threshold_bytes"] == 25 << 20), key=lambda r: r["iteration_s"])
+        f64 = min((r for r in fixed if r["threshold_bytes"] == 64 << 20), key=lambda r: r["iteration_s"])
+        print("| %s | %d | %s | %.1f | %.1f | %s%s | %.1f | %.1f | %.1f | %s%s | %d | %.3f | %.3f | %.3f |" % (
+            layout, ranks, topo, ratio, best["iteration_s"] * 1e3, kib(best["threshold_bytes"]), switch(best), f25["iteration_s"] * 1e3,
+            f64["iteration_s"] * 1e3, a["iteration_s"] * 1e3, kib(a["threshold_bytes"]), switch(a), a["settled_at"],
+            a["iteration_s"] / best["iteration_s"], a["iteration_s"] / f25["iteration_s"], a["iteration_s"] / f64["iteration_s"]))
 
 
 def model_report(rows, out=None):

@@ -15,6 +15,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 using namespace gflow;
@@ -240,6 +241,7 @@ TEST_CASE("tuner: observe() is deterministic, bad samples and settings are typed
 
 namespace {
 std::vector<int> saved_phase;  // the tuner's phase when each rank saved
+std::vector<std::vector<std::size_t>> seen_switch;  // Topology<Hybrid>: the switch each iteration ran with
 
 template <class E>
 void autotuned_run(int P, int iters, std::vector<std::vector<std::size_t>>& thresholds, std::vector<std::string>* saved = nullptr, int save_at = -1) {
@@ -247,10 +249,13 @@ void autotuned_run(int P, int iters, std::vector<std::vector<std::size_t>>& thre
   thresholds.assign(static_cast<std::size_t>(P), {});
   if (saved) saved->assign(static_cast<std::size_t>(P), {});
   saved_phase.assign(static_cast<std::size_t>(P), -1);
+  seen_switch.assign(static_cast<std::size_t>(P), {});
   inproc::run(P, [&](inproc::transport& t) {
     typename E::template on<inproc::transport> ex(t, l);
     std::mt19937 rng(99u + static_cast<unsigned>(t.rank()));
     for (int it = 0; it < iters; ++it) {
+      if constexpr (detail::switched_topology<std::remove_reference_t<decltype(ex.topology())>>)
+        seen_switch[static_cast<std::size_t>(t.rank())].push_back(ex.topology().threshold());
       for (std::size_t i = l.size(); i-- > 0;) {
         for (float& v : ex.view(i)) v = static_cast<float>(t.rank() + 1);
         if (rng() % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 400));  // per-rank timing noise
@@ -369,8 +374,147 @@ TEST_CASE("tuner: state round trip through the checkpoint format (settled and pr
   CHECK(d.current().threshold == (4u << 20));
   // a corrupt phase is a parse_error
   std::string bytes = s2.str();
-  bytes[16] = 9;  // the phase word follows threshold and first bucket (2 x u64)
+  bytes[24] = 9;  // the phase word follows threshold, first bucket and Hybrid switch (3 x u64)
   std::stringstream s3(bytes);
   detail::checkpoint_reader r3(s3);
   CHECK_THROWS_AS((void)d.read_state(r3), parse_error);
+}
+
+namespace {
+// A two-level machine for Topology<Hybrid>: hierarchical has the lower latency (fewer steps over
+// the slow links) and the higher cost per byte (two more phases), so it wins below
+// (alpha_r - alpha_h) / (beta_h - beta_r) = 3,960,000 bytes.
+struct two_level {
+  machine base;  // the backward's ready times
+  double alpha_r = 2e-3, beta_r = 0.5e-9, alpha_h = 20e-6, beta_h = 1.0e-9;
+  static constexpr std::size_t crossover = 3960000;
+  double bucket_time(double bytes, std::size_t sw) const {
+    return bytes < static_cast<double>(sw) ? alpha_h + beta_h * bytes : alpha_r + beta_r * bytes;
+  }
+  double iteration(const plan::pool_plan& pool, const std::vector<plan::bucket>& b, const std::vector<double>& ready_s, std::size_t sw) const {
+    return detail::modelled_completion_by(pool, b, ready_s, 4, [&](double bytes) { return bucket_time(bytes, sw); });
+  }
+};
+}  // namespace
+
+TEST_CASE("tuner with Topology<Hybrid>: probes ring and hierarchical, fits a line to each, picks the switch where they cross; identical on every rank") {
+  const Layout& l = big_layout();
+  const auto pool = plan::plan_pool(l);
+  const int P = 3;
+  two_level m;
+  std::vector<std::vector<detail::fusion_plan>> plans(P);
+  std::vector<int> settled_at(P, -1);
+  std::vector<detail::fusion_plan> final_plan(P);
+  std::vector<plan::alpha_beta> ring_fit(P), hier_fit(P);
+  inproc::run(P, [&](inproc::transport& t) {
+    const auto r = static_cast<std::size_t>(t.rank());
+    detail::fusion_tuner tu(l, pool, 4, 4u << 20, {}, std::size_t{1} << 20);
+    REQUIRE(tu.tunes_hybrid_switch());
+    std::mt19937 rng(77u + static_cast<unsigned>(t.rank()) * 131u);
+    std::uniform_real_distribution<double> noise(0.97, 1.03);
+    for (int it = 0; it < 70; ++it) {
+      const auto cur = tu.current();
+      const auto b = plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
+      tuner_sample s;
+      s.ready_s = m.base.ready(l);
+      for (const auto& bk : b) s.bucket_s.push_back(m.bucket_time(static_cast<double>(bk.count * 4), cur.hybrid_switch) * noise(rng));
+      s.iteration_s = m.iteration(pool, b, m.base.ready(l), cur.hybrid_switch) * noise(rng);
+      const auto next = tu.step(t, s, b.size());
+      plans[r].push_back(next);
+      if (tu.state() == detail::fusion_tuner::phase::settled && settled_at[r] < 0) settled_at[r] = it + 1;
+    }
+    final_plan[r] = tu.current();
+    ring_fit[r] = tu.fitted();
+    hier_fit[r] = tu.fitted_hierarchical();
+  });
+  for (int r = 1; r < P; ++r) CHECK(plans[static_cast<std::size_t>(r)] == plans[0]);
+  // it ran every bucket on the ring and every bucket hierarchical while probing
+  CHECK(std::any_of(plans[0].begin(), plans[0].end(), [](const auto& p) { return p.hybrid_switch == detail::fusion_plan::all_ring; }));
+  CHECK(std::any_of(plans[0].begin(), plans[0].end(), [](const auto& p) { return p.hybrid_switch == detail::fusion_plan::all_hierarchical; }));
+  CHECK(settled_at[0] > 0);
+  CHECK(settled_at[0] <= 50);
+  // both lines recovered (+-3% noise on every bucket time)
+  CHECK(ring_fit[0].alpha == doctest::Approx(m.alpha_r).epsilon(0.15));
+  CHECK(ring_fit[0].beta == doctest::Approx(m.beta_r).epsilon(0.05));
+  CHECK(hier_fit[0].alpha == doctest::Approx(m.alpha_h).epsilon(0.15));
+  CHECK(hier_fit[0].beta == doctest::Approx(m.beta_h).epsilon(0.05));
+  // the chosen plan is within 3% of the best (threshold, switch) of a brute-force sweep on the true machine
+  const auto ready = m.base.ready(l);
+  double best = 1e300;
+  for (std::size_t th = 64u << 10; th <= (256u << 20); th *= 2)
+    for (std::size_t sw : {std::size_t{1}, std::size_t{256} << 10, std::size_t{1} << 20, std::size_t{2} << 20, two_level::crossover,
+                           std::size_t{8} << 20, std::size_t{32} << 20, detail::fusion_plan::all_hierarchical})
+      best = std::min(best, m.iteration(pool, plan::plan_buckets(l, pool, {4, th, 0}), ready, sw));
+  const auto& f = final_plan[0];
+  const double chosen = m.iteration(pool, plan::plan_buckets(l, pool, {4, f.threshold, f.first}), ready, f.hybrid_switch);
+  MESSAGE("chosen threshold " << f.threshold << " first " << f.first << " switch " << f.hybrid_switch << ": " << chosen << " s vs best " << best);
+  CHECK(chosen <= best * 1.03);
+  // here the best plan sends its buckets below the crossover hierarchically, the others on the ring
+  CHECK(static_cast<double>(f.hybrid_switch) == doctest::Approx(static_cast<double>(two_level::crossover)).epsilon(0.05));
+  // the model's candidates: all ring, the crossover, all hierarchical
+  detail::fusion_tuner probe_only(l, pool, 4, 4u << 20, {}, std::size_t{1} << 20);
+  CHECK(probe_only.candidate_switches() == std::vector<std::size_t>{detail::fusion_plan::all_ring, detail::fusion_plan::all_hierarchical});
+}
+
+TEST_CASE("tuner with Topology<Hybrid>: the switch and both fits go into checkpoints; a tuner without Hybrid refuses them") {
+  const Layout& l = big_layout();
+  const auto pool = plan::plan_pool(l);
+  two_level m;
+  detail::fusion_tuner a(l, pool, 4, 4u << 20, {}, std::size_t{1} << 20);
+  for (int it = 0; it < 50; ++it) {
+    const auto cur = a.current();
+    const auto b = plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
+    std::vector<double> red{m.iteration(pool, b, m.base.ready(l), cur.hybrid_switch), m.base.compute_s};
+    if (a.state() != detail::fusion_tuner::phase::settled) {
+      const auto r = m.base.ready(l);
+      red.insert(red.end(), r.begin(), r.end());
+      for (const auto& bk : b) red.push_back(m.bucket_time(static_cast<double>(bk.count * 4), cur.hybrid_switch));
+    }
+    a.observe(red, b.size());
+  }
+  REQUIRE(a.state() == detail::fusion_tuner::phase::settled);
+  std::stringstream ss;
+  detail::checkpoint_writer w(ss);
+  a.save_state(w);
+  w.finish();
+  const std::string bytes = ss.str();
+  {
+    detail::fusion_tuner b(l, pool, 4, 4u << 20, {}, std::size_t{1} << 20);
+    std::stringstream in(bytes);
+    detail::checkpoint_reader r(in);
+    b.restore_state(b.read_state(r));
+    CHECK(b.current() == a.current());
+    CHECK(b.fitted_hierarchical().alpha == a.fitted_hierarchical().alpha);
+    CHECK(b.fitted_hierarchical().beta == a.fitted_hierarchical().beta);
+  }
+  detail::fusion_tuner ring_only(l, pool, 4, 4u << 20);
+  std::stringstream in(bytes);
+  detail::checkpoint_reader r(in);
+  CHECK_THROWS_AS((void)ring_only.read_state(r), parse_error);
+}
+
+TEST_CASE("Fusion<Auto> + Topology<Hybrid>: the exchanger runs the tuner's switch, the same on every rank; gradients stay exact; checkpoints keep it") {
+  using E = Exchanger<Fusion<Auto>, Topology<Hybrid<(1u << 20), 2>>, Overlap<Funneled>>;
+  std::vector<std::vector<std::size_t>> th;
+  std::vector<std::string> saved;
+  autotuned_run<E>(4, 52, th, &saved, 51);  // 8 probes x 5 + verify 5 <= 45
+  for (std::size_t r = 1; r < th.size(); ++r) {
+    CHECK(th[r] == th[0]);
+    CHECK(seen_switch[r] == seen_switch[0]);
+  }
+  const auto& sw = seen_switch[0];
+  CHECK(sw.front() == (1u << 20));  // the composition's switch first
+  CHECK(std::count(sw.begin(), sw.end(), detail::fusion_plan::all_ring) >= 5);
+  CHECK(std::count(sw.begin(), sw.end(), detail::fusion_plan::all_hierarchical) >= 5);
+  const Layout l = Layout::from_sizes({3000, 70, 10240, 640, 10, 5130, 20480, 50, 900, 40000, 12, 8000});
+  inproc::run(4, [&](inproc::transport& t) {
+    E::on<inproc::transport> a(t, l);
+    std::istringstream in(saved[static_cast<std::size_t>(t.rank())]);
+    a.load_state(in);
+    CHECK(a.topology().threshold() == a.tuner().current().hybrid_switch);
+    if (saved_phase[static_cast<std::size_t>(t.rank())] == static_cast<int>(detail::fusion_tuner::phase::settled))
+      CHECK(a.topology().threshold() == seen_switch[static_cast<std::size_t>(t.rank())].back());
+    else
+      CHECK(a.topology().threshold() == (1u << 20));
+  });
 }

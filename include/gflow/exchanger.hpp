@@ -288,8 +288,7 @@ class basic_exchanger {
     iteration_ = iteration;
     if constexpr (autotuned) {
       tuner_->restore_state(tuned);
-      const auto p = tuner_->current();
-      if (p.threshold != threshold_ || p.first != first_bucket_) set_fusion(p.threshold, p.first);
+      apply(tuner_->current());
     } else {
       (void)tuned;
     }
@@ -369,38 +368,24 @@ class basic_exchanger {
     // 4 events per tensor and 8 per bucket (at most one bucket per tensor) for one iteration
     own_timeline_ = std::make_unique<timeline>(12 * layout_.size() + 64);
     if (!trace_) trace_ = own_timeline_.get();
-    tuner_.emplace(layout_, pool_, sizeof(wire_t), threshold_);
-    if (tuner_->current().threshold != threshold_) set_fusion(tuner_->current().threshold, tuner_->current().first);
+    std::size_t hybrid_switch = 0;  // Topology<Hybrid>: the tuner tunes its switch too
+    if constexpr (detail::switched_topology<engine_t>) hybrid_switch = engine_.threshold();
+    tuner_.emplace(layout_, pool_, sizeof(wire_t), threshold_, tuner_settings{}, hybrid_switch);
+    apply(tuner_->current());
   }
 
   // After finish(): this rank's measurements of the iteration (from the timeline) to the tuner,
   // which answers with the plan every rank uses next (collective, identical on every rank).
   void tune() {
-    timeline& tl = *trace_;
-    const std::size_t n = layout_.size();
-    sample_.ready_s.assign(n, 0.0);
-    sample_.bucket_s.assign(buckets_.size(), 0.0);
-    sample_.iteration_s = 0;
-    std::int64_t first = 0;
-    const std::uint64_t it = iteration_ - 1;
-    for (std::size_t e = tuned_mark_; e < tl.size(); ++e) {
-      const auto& ev = tl[e];
-      if (ev.iteration != it) continue;
-      if (ev.kind == trace_kind::iteration) {
-        first = ev.begin_ns;
-        sample_.iteration_s = static_cast<double>(ev.end_ns - ev.begin_ns) * 1e-9;
-      }
-    }
-    for (std::size_t e = tuned_mark_; e < tl.size(); ++e) {
-      const auto& ev = tl[e];
-      if (ev.iteration != it) continue;
-      if (ev.kind == trace_kind::ready && ev.id < n) sample_.ready_s[ev.id] = static_cast<double>(ev.begin_ns - first) * 1e-9;
-      else if (ev.kind == trace_kind::bucket && ev.id < buckets_.size()) sample_.bucket_s[ev.id] = static_cast<double>(ev.end_ns - ev.begin_ns) * 1e-9;
-    }
-    if (trace_ == own_timeline_.get()) tl.clear();
-    tuned_mark_ = tl.size();
-    const auto p = tuner_->step(*t_, sample_, buckets_.size());
+    detail::sample_iteration(*trace_, tuned_mark_, iteration_ - 1, layout_.size(), buckets_.size(), sample_);
+    if (trace_ == own_timeline_.get()) trace_->clear();
+    tuned_mark_ = trace_->size();
+    apply(tuner_->step(*t_, sample_, buckets_.size()));
+  }
+  void apply(const detail::fusion_plan& p) {
     if (p.threshold != threshold_ || p.first != first_bucket_) set_fusion(p.threshold, p.first);
+    if constexpr (detail::switched_topology<engine_t>)
+      if (p.hybrid_switch != engine_.threshold()) engine_.set_threshold(p.hybrid_switch);
   }
 
   void reset_iteration() {

@@ -14,6 +14,11 @@
 //      on the issuing thread, so bucket b ends at max(launch_b, end_{b-1}) + alpha + beta * bytes_b;
 //   3. verifies: runs the model's choice and keeps it, or the fastest probe if that measured
 //      faster (the model cannot see e.g. a bucket falling out of the cache);
+//   With Topology<Hybrid<switch, g>> it also tunes the switch (messages below it go hierarchical,
+//   the others ring): the probes then run the fusion probes with every bucket on the ring and
+//   three of them with every bucket hierarchical, one line is fitted to each, and the model
+//   chooses among "all ring", "all hierarchical" and the size where the hierarchical line crosses
+//   the ring line (Hybrid can only send the small messages hierarchically);
 //   4. settles, and watches: the first `window` settled iterations give the reference (medians of
 //      the iteration time and of the backward's span); when a later window's median moves by more
 //      than `drift` from it, it probes again.
@@ -33,6 +38,7 @@
 #include "plan/buckets.hpp"
 #include "plan/cost_model.hpp"
 #include "plan/pool.hpp"
+#include "timeline.hpp"
 #include "transport/transport.hpp"
 
 namespace gflow {
@@ -47,6 +53,9 @@ struct tuner_sample {
 struct tuner_settings {
   // besides the initial threshold; factor-4 steps over the range where this machine's sweeps found the best
   std::vector<std::size_t> probes{std::size_t{64} << 10, std::size_t{256} << 10, std::size_t{1} << 20, std::size_t{16} << 20};
+  // Topology<Hybrid> only: the fusion thresholds probed again with every bucket hierarchical (the
+  // probes above then run with every bucket on the ring)
+  std::vector<std::size_t> hierarchical_probes{std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20};
   // per probe and for the verification; the median counts (3 let a 7%-slower threshold win on noise
   // on 2 shared cores: docs/BENCHMARKS.md, auto-tuner)
   int iterations_per_plan = 5;
@@ -60,21 +69,50 @@ namespace detail {
 
 /// The modelled completion of an iteration (seconds since its first ready()) for a bucket plan:
 /// buckets launch in pool order when the ready prefix covers them and are exchanged one after
-/// another, bucket b taking cost.time(its wire bytes).
-inline double modelled_completion(const plan::pool_plan& pool, std::span<const plan::bucket> buckets, std::span<const double> ready_s,
-                                  std::size_t wire_bytes_per_element, const plan::alpha_beta& cost) {
+/// another, bucket b taking cost(its wire bytes).
+template <class Cost>
+double modelled_completion_by(const plan::pool_plan& pool, std::span<const plan::bucket> buckets, std::span<const double> ready_s,
+                              std::size_t wire_bytes_per_element, const Cost& cost) {
   double prefix = 0, end = 0;
   std::size_t pos = 0;
   for (const plan::bucket& b : buckets) {
     for (; pos < b.end_pos; ++pos) prefix = std::max(prefix, ready_s[pool.tensor_at[pos]]);
-    end = std::max(end, prefix) + cost.time(static_cast<double>(b.count * wire_bytes_per_element));
+    end = std::max(end, prefix) + cost(static_cast<double>(b.count * wire_bytes_per_element));
   }
   return end;
 }
+inline double modelled_completion(const plan::pool_plan& pool, std::span<const plan::bucket> buckets, std::span<const double> ready_s,
+                                  std::size_t wire_bytes_per_element, const plan::alpha_beta& cost) {
+  return modelled_completion_by(pool, buckets, ready_s, wire_bytes_per_element, [&](double bytes) { return cost.time(bytes); });
+}
 
-/// A fusion plan: threshold and first bucket, in wire bytes.
+/// One finished iteration's measurements, read from a timeline: the events of `iteration` from
+/// index `from` on (the iteration span, each ready() and each bucket's span).
+inline void sample_iteration(const timeline& tl, std::size_t from, std::uint64_t iteration, std::size_t tensors, std::size_t buckets,
+                             tuner_sample& out) {
+  out.ready_s.assign(tensors, 0.0);
+  out.bucket_s.assign(buckets, 0.0);
+  out.iteration_s = 0;
+  std::int64_t first = 0;
+  for (std::size_t e = from; e < tl.size(); ++e)
+    if (tl[e].iteration == iteration && tl[e].kind == trace_kind::iteration) {
+      first = tl[e].begin_ns;
+      out.iteration_s = static_cast<double>(tl[e].end_ns - tl[e].begin_ns) * 1e-9;
+    }
+  for (std::size_t e = from; e < tl.size(); ++e) {
+    const auto& ev = tl[e];
+    if (ev.iteration != iteration) continue;
+    if (ev.kind == trace_kind::ready && ev.id < tensors) out.ready_s[ev.id] = static_cast<double>(ev.begin_ns - first) * 1e-9;
+    else if (ev.kind == trace_kind::bucket && ev.id < buckets) out.bucket_s[ev.id] = static_cast<double>(ev.end_ns - ev.begin_ns) * 1e-9;
+  }
+}
+
+/// A fusion plan: threshold and first bucket, in wire bytes; with Topology<Hybrid>, its switch
+/// (messages of fewer wire bytes go hierarchical; 0: no Hybrid in the composition).
 struct fusion_plan {
-  std::size_t threshold = 0, first = 0;
+  std::size_t threshold = 0, first = 0, hybrid_switch = 0;
+  static constexpr std::size_t all_ring = 1;  // every message is at least 1 byte
+  static constexpr std::size_t all_hierarchical = static_cast<std::size_t>(-1);
   friend bool operator==(const fusion_plan&, const fusion_plan&) = default;
 };
 
@@ -82,21 +120,30 @@ class fusion_tuner {
  public:
   enum class phase : std::uint32_t { probe = 0, verify = 1, settled = 2 };
 
-  fusion_tuner(const Layout& layout, const plan::pool_plan& pool, std::size_t wire_bytes, std::size_t initial, tuner_settings s = {})
-      : layout_(&layout), pool_(&pool), wire_(wire_bytes), s_(std::move(s)) {
+  /// `hybrid_switch`: the composition's Topology<Hybrid> switch to start from (0: no Hybrid).
+  fusion_tuner(const Layout& layout, const plan::pool_plan& pool, std::size_t wire_bytes, std::size_t initial, tuner_settings s = {},
+               std::size_t hybrid_switch = 0)
+      : layout_(&layout), pool_(&pool), wire_(wire_bytes), s_(std::move(s)), hybrid_(hybrid_switch != 0) {
     if (s_.iterations_per_plan < 1 || s_.window < 1 || !(s_.drift > 0) || s_.min_threshold == 0 || s_.max_threshold < s_.min_threshold)
       throw invalid_argument("tuner_settings", "iterations_per_plan and window must be >= 1, drift > 0 and 0 < min_threshold <= max_threshold.",
                              "keep the defaults or pass positive numbers.");
-    probes_.push_back({initial, 0});
-    for (std::size_t p : s_.probes)
-      if (p > 0 && std::find(probes_.begin(), probes_.end(), fusion_plan{p, 0}) == probes_.end()) probes_.push_back({p, 0});
+    auto add = [&](fusion_plan p) {
+      if (p.threshold > 0 && std::find(probes_.begin(), probes_.end(), p) == probes_.end()) probes_.push_back(p);
+    };
+    add({initial, 0, hybrid_switch});
+    for (std::size_t p : s_.probes) add({p, 0, hybrid_ ? fusion_plan::all_ring : 0});
+    if (hybrid_)
+      for (std::size_t p : s_.hierarchical_probes) add({p, 0, fusion_plan::all_hierarchical});
     restart();
   }
 
   /// The plan the next iteration should use.
   [[nodiscard]] fusion_plan current() const noexcept { return current_; }
   [[nodiscard]] phase state() const noexcept { return phase_; }
+  /// The fitted bucket cost (with Topology<Hybrid>: of the ring; fitted_hierarchical() is the other line).
   [[nodiscard]] const plan::alpha_beta& fitted() const noexcept { return fit_; }
+  [[nodiscard]] const plan::alpha_beta& fitted_hierarchical() const noexcept { return fit_hier_; }
+  [[nodiscard]] bool tunes_hybrid_switch() const noexcept { return hybrid_; }
   [[nodiscard]] std::uint64_t retunes() const noexcept { return retunes_; }
   /// Iterations observed since the last (re)start of probing.
   [[nodiscard]] std::uint64_t iterations_in_phase() const noexcept { return seen_; }
@@ -124,10 +171,10 @@ class fusion_tuner {
     // 2. the state machine, on the reduced numbers
     observe(std::span<const double>(packed_), bucket_count);
     // 3. rank 0's plan for everyone
-    std::uint64_t d[3] = {current_.threshold, current_.first, static_cast<std::uint64_t>(phase_)};
-    t.broadcast(d, 3, 0);
-    current_ = {static_cast<std::size_t>(d[0]), static_cast<std::size_t>(d[1])};
-    phase_ = static_cast<phase>(d[2]);
+    std::uint64_t d[4] = {current_.threshold, current_.first, current_.hybrid_switch, static_cast<std::uint64_t>(phase_)};
+    t.broadcast(d, 4, 0);
+    current_ = {static_cast<std::size_t>(d[0]), static_cast<std::size_t>(d[1]), static_cast<std::size_t>(d[2])};
+    phase_ = static_cast<phase>(d[3]);
     return current_;
   }
 
@@ -167,8 +214,10 @@ class fusion_tuner {
     const auto plan_b = plan::plan_buckets(*layout_, *pool_, {wire_, current_.threshold, current_.first});
     for (std::size_t b = 0; b < bucket_count && b < plan_b.size(); ++b) {
       if (bucket[b] > 0) {
-        sample_bytes_.push_back(static_cast<double>(plan_b[b].count * wire_));
-        sample_s_.push_back(bucket[b]);
+        const std::size_t bytes = plan_b[b].count * wire_;
+        const bool hier = hybrid_ && bytes < current_.hybrid_switch;  // as hybrid_engine routes it
+        (hier ? hier_bytes_ : sample_bytes_).push_back(static_cast<double>(bytes));
+        (hier ? hier_s_ : sample_s_).push_back(bucket[b]);
       }
     }
     times_.push_back(it_s);
@@ -186,7 +235,8 @@ class fusion_tuner {
         return;
       }
       // every probe measured: fit, model, verify the choice
-      fit_ = plan::fit_alpha_beta(sample_bytes_, sample_s_);
+      fit_ = sample_s_.empty() ? plan::alpha_beta{} : plan::fit_alpha_beta(sample_bytes_, sample_s_);
+      fit_hier_ = hier_s_.empty() ? plan::alpha_beta{} : plan::fit_alpha_beta(hier_bytes_, hier_s_);
       std::vector<double> ready_mean(n);
       for (std::size_t i = 0; i < n; ++i) ready_mean[i] = ready_sum_[i] / static_cast<double>(ready_count_);
       model_choice_ = best_model_plan(ready_mean);
@@ -207,18 +257,35 @@ class fusion_tuner {
   [[nodiscard]] fusion_plan best_model_plan(std::span<const double> ready_s) const {
     fusion_plan best{};
     double best_t = 0;
+    const auto switches = candidate_switches();
     for (std::size_t th = s_.min_threshold; th <= s_.max_threshold; th *= 2) {
       for (std::size_t first : {std::size_t{0}, th / 8, th / 4}) {
         if (first != 0 && first < s_.min_threshold / 4) continue;
         const auto b = plan::plan_buckets(*layout_, *pool_, {wire_, th, first});
-        const double t = modelled_completion(*pool_, b, ready_s, wire_, fit_);
-        if (best.threshold == 0 || t < best_t * (1 - 1e-9)) {
-          best = {th, first};
-          best_t = t;
+        for (std::size_t sw : switches) {
+          const double t = modelled_completion_by(*pool_, b, ready_s, wire_, [&](double bytes) {
+            return (hybrid_ && bytes < static_cast<double>(sw) ? fit_hier_ : fit_).time(bytes);
+          });
+          if (best.threshold == 0 || t < best_t * (1 - 1e-9)) {
+            best = {th, first, sw};
+            best_t = t;
+          }
         }
       }
     }
     return best;
+  }
+
+  /// Without Hybrid: {0}. With it: every bucket on the ring, every bucket hierarchical, and, when
+  /// the hierarchical line is below the ring's for small messages only, the size where they cross.
+  [[nodiscard]] std::vector<std::size_t> candidate_switches() const {
+    if (!hybrid_) return {0};
+    std::vector<std::size_t> out{fusion_plan::all_ring, fusion_plan::all_hierarchical};
+    if (fit_hier_.alpha < fit_.alpha && fit_hier_.beta > fit_.beta) {
+      const double x = std::ceil((fit_.alpha - fit_hier_.alpha) / (fit_hier_.beta - fit_.beta));
+      if (x > 1 && x < 0x1p62) out.insert(out.begin() + 1, static_cast<std::size_t>(x));
+    }
+    return out;
   }
 
   // ---- checkpoints: everything the decisions depend on ----------------------------------------
@@ -226,13 +293,17 @@ class fusion_tuner {
   void save_state(Writer& w) const {
     w.u64(current_.threshold);
     w.u64(current_.first);
+    w.u64(current_.hybrid_switch);
     w.u32(static_cast<std::uint32_t>(phase_));
     w.u64(probe_index_);
     w.u64(best_probe_.threshold);
     w.u64(best_probe_.first);
+    w.u64(best_probe_.hybrid_switch);
     w.f64(best_measured_);
     w.f64(fit_.alpha);
     w.f64(fit_.beta);
+    w.f64(fit_hier_.alpha);
+    w.f64(fit_hier_.beta);
     w.f64(ref_iteration_);
     w.f64(ref_span_);
     w.u64(retunes_);
@@ -242,28 +313,36 @@ class fusion_tuner {
     fusion_plan current, best_probe;
     phase ph;
     std::uint64_t probe_index, retunes, seen;
-    double best_measured, alpha, beta, ref_iteration, ref_span;
+    double best_measured, alpha, beta, hier_alpha, hier_beta, ref_iteration, ref_span;
   };
   template <class Reader>
   [[nodiscard]] saved_state read_state(Reader& r) const {
     saved_state s{};
     s.current.threshold = static_cast<std::size_t>(r.u64("tuner threshold"));
     s.current.first = static_cast<std::size_t>(r.u64("tuner first bucket"));
+    s.current.hybrid_switch = static_cast<std::size_t>(r.u64("tuner hybrid switch"));
     const std::uint32_t ph = r.u32("tuner phase");
     if (ph > 2) throw parse_error("tuner phase", "the checkpoint's tuner phase is " + std::to_string(ph) + " (0-2 expected).", "load an unmodified checkpoint.");
     s.ph = static_cast<phase>(ph);
     s.probe_index = r.u64("tuner probe");
     s.best_probe.threshold = static_cast<std::size_t>(r.u64("tuner best probe"));
     s.best_probe.first = static_cast<std::size_t>(r.u64("tuner best probe first"));
+    s.best_probe.hybrid_switch = static_cast<std::size_t>(r.u64("tuner best probe hybrid switch"));
     s.best_measured = r.f64("tuner best time");
     s.alpha = r.f64("tuner alpha");
     s.beta = r.f64("tuner beta");
+    s.hier_alpha = r.f64("tuner hierarchical alpha");
+    s.hier_beta = r.f64("tuner hierarchical beta");
     s.ref_iteration = r.f64("tuner reference iteration");
     s.ref_span = r.f64("tuner reference span");
     s.retunes = r.u64("tuner retunes");
     s.seen = r.u64("tuner iterations");
     if (s.current.threshold == 0)
       throw parse_error("tuner threshold", "the checkpoint's tuned threshold is 0.", "load an unmodified checkpoint.");
+    if ((s.current.hybrid_switch != 0) != hybrid_)
+      throw parse_error("tuner hybrid switch", std::string("the checkpoint's tuner ") + (hybrid_ ? "has no" : "has a") +
+                                                   " Hybrid switch; this exchanger's composition " + (hybrid_ ? "has" : "has no") + " Topology<Hybrid>.",
+                        "load a checkpoint saved by the same composition, unmodified.");
     return s;
   }
   /// Restores a saved state. A tuner that was probing or verifying starts that phase over (its
@@ -272,6 +351,7 @@ class fusion_tuner {
     restart();
     retunes_ = s.retunes;
     fit_ = {s.alpha, s.beta};
+    fit_hier_ = {s.hier_alpha, s.hier_beta};
     if (s.ph == phase::settled) {
       phase_ = phase::settled;
       current_ = s.current;
@@ -292,6 +372,8 @@ class fusion_tuner {
     ready_count_ = 0;
     sample_bytes_.clear();
     sample_s_.clear();
+    hier_bytes_.clear();
+    hier_s_.clear();
     times_.clear();
     spans_.clear();
     window_it_.clear();
@@ -319,15 +401,16 @@ class fusion_tuner {
   const plan::pool_plan* pool_;
   std::size_t wire_;
   tuner_settings s_;
+  bool hybrid_;
   std::vector<fusion_plan> probes_;
   fusion_plan current_{}, best_probe_{}, model_choice_{};
   phase phase_ = phase::probe;
   std::size_t probe_index_ = 0;
   double best_measured_ = 1e300;
-  plan::alpha_beta fit_{};
+  plan::alpha_beta fit_{}, fit_hier_{};
   std::vector<double> ready_sum_;
   std::size_t ready_count_ = 0;
-  std::vector<double> sample_bytes_, sample_s_, times_, spans_, window_it_, window_span_, packed_;
+  std::vector<double> sample_bytes_, sample_s_, hier_bytes_, hier_s_, times_, spans_, window_it_, window_span_, packed_;
   double ref_iteration_ = 0, ref_span_ = 0;
   std::uint64_t retunes_ = 0, seen_ = 0;
 };

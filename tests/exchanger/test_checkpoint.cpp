@@ -394,10 +394,10 @@ TEST_CASE("checkpoint errors: foreign bytes, a newer format version, a bad strea
     const std::string good = f.str();
     {
       std::string v2 = good;
-      v2[8] = 2;  // the format version, little-endian
+      v2[8] = 3;  // the format version (a newer one), little-endian
       const std::string msg = load_fails<parse_error>(ex, v2);
       CHECK(contains(msg, "in 'version'"));
-      CHECK(contains(msg, "format version 2; this gflow reads version 1"));
+      CHECK(contains(msg, "format version 3; this gflow reads version 2"));
     }
     {
       // A non-finite residual with a valid checksum (a hand-made file): rejected by value.

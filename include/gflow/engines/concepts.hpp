@@ -118,6 +118,13 @@ concept checkpointed = requires(const E& ce, E& e, checkpoint_writer& w, checkpo
   e.restore_state(ce.read_state(r));
 };
 
+/// A topology with a run-time message-size switch (Topology<Hybrid>): Fusion<Auto> tunes it.
+template <class E>
+concept switched_topology = requires(E& e, const E& ce, std::size_t bytes) {
+  e.set_threshold(bytes);
+  { ce.threshold() } -> std::convertible_to<std::size_t>;
+};
+
 // ---- topology engine ----------------------------------------------------------------------------
 /// How one dense allreduce over T travels. W: the wire type besides float (the Precision policy's;
 /// the CSC norms and fp32 wires use float).

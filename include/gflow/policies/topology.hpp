@@ -135,5 +135,10 @@ static_assert(detail::topology_engine<Hierarchical<2>::engine<transport_archetyp
 // Which topologies write a TOPO section with state into checkpoints (Hybrid: its threshold).
 static_assert(!detail::checkpointed<Ring::engine<transport_archetype<>>> && !detail::checkpointed<Hierarchical<2>::engine<transport_archetype<>>>,
               "Ring and Hierarchical keep no run-time state: their checkpoint section is empty");
+// Which topologies have a switch Fusion<Auto> tunes (Hybrid: messages below it go hierarchical).
+static_assert(detail::switched_topology<Hybrid<1024, 2>::engine<transport_archetype<>>> &&
+                  !detail::switched_topology<Ring::engine<transport_archetype<>>> &&
+                  !detail::switched_topology<Hierarchical<2>::engine<transport_archetype<>>>,
+              "Fusion<Auto> tunes Hybrid's switch and only Hybrid's");
 
 }  // namespace gflow

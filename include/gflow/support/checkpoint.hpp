@@ -42,7 +42,7 @@
 namespace gflow::detail {
 
 inline constexpr char checkpoint_magic[8] = {'G', 'F', 'L', 'O', 'W', 'C', 'K', 'P'};
-inline constexpr std::uint32_t checkpoint_version = 1;
+inline constexpr std::uint32_t checkpoint_version = 2;  // 2: the tuner's Hybrid switch and its hierarchical fit
 /// Longest composition name a checkpoint may carry (a policy list's name is a few hundred bytes).
 inline constexpr std::size_t checkpoint_max_name = std::size_t{1} << 16;
 
