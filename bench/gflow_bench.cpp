@@ -52,6 +52,7 @@ struct options {
   std::size_t threshold = 4u << 20;
   bool quick = false;
   bool sweep = false;
+  bool rotated = false;  // exchange: --order rotated (the variants' order before 2026-11-24) instead of shuffled
   double compute_ratio = 1.5;  // overlap: simulated backward time / measured exchange time
   std::vector<double> densities{0.001, 0.01};  // sparse
   std::string transport = "mpi";               // sparse: mpi or inproc
@@ -70,6 +71,7 @@ struct options {
                "gflow_bench: %s\n"
                "usage: bench/run exchange|overlap [--ranks N] [--layout NAME|PATH] [--threshold BYTES] [--wire fp32|fp16|bf16]\n"
                "                          [--quick] [--sweep] [--iters N] [--warmup N] [--compute-ratio R[,R...]] [--trace FILE]\n"
+               "                          [--order shuffled|rotated]   (exchange: the variants' order each iteration)\n"
                "       bench/run overlap --autotune [--compute-ratio 0.5,1,2] [--topology hybrid]   (fixed-threshold sweep + Fusion<Auto>;\n"
                "                          hybrid: Hybrid<1 MiB, 2> with the switch at all-ring / 1 MiB / all-hierarchical, tuned too)\n"
                "       bench/run model [--ranks N] [--layout L] [--reps N]       (alpha-beta fit, predictions P = 2..1024, error at N)\n"
@@ -111,6 +113,11 @@ options parse(int argc, char** argv) {
     else if (a == "--threshold") o.threshold = parse_bytes(next());
     else if (a == "--quick") o.quick = true;
     else if (a == "--sweep") o.sweep = true;
+    else if (a == "--order") {
+      const std::string v = next();
+      if (v == "rotated") o.rotated = true;
+      else if (v != "shuffled") usage("--order takes shuffled (the default: a new random order of the variants every iteration) or rotated");
+    }
     else if (a == "--compute-ratio") {
       o.compute_ratios.clear();
       std::string v = next();
@@ -254,6 +261,9 @@ struct variant_result {
   std::size_t threshold;
   std::size_t collectives;
   stats s;
+  // gflow variants: the median over iterations of this iteration's time / mpi_bucketed's time in
+  // the same iteration (the two run back to back, so a drift of the machine over seconds cancels)
+  double paired_ratio = 0;
 };
 
 template <class Wire>
@@ -378,12 +388,19 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
                   [e, &fresh, total] { std::memcpy(e->pool_data(), fresh.data(), total * sizeof(float)); }, {}});
   }
 
-  // Variants interleaved iteration by iteration, and the order rotated every iteration, so that no
-  // variant always runs after the same one (what the previous variant leaves in the caches and in
-  // MPI's shared-memory state is spread over all of them).
+  // Variants interleaved iteration by iteration, in a new random order every iteration (the same
+  // seed on every rank), so that no variant always runs after the same one: what the previous
+  // variant leaves in the caches and in MPI's shared-memory state is spread over all of them. (A
+  // rotation of one fixed order, used before 2026-11-24, still put each variant after the same
+  // one in all but one position of the cycle.)
+  std::vector<std::size_t> order(vs.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::mt19937 shuffle_rng(20261124u);
   for (int it = 0; it < o.warmup + o.iters; ++it) {
+    if (o.rotated) std::iota(order.begin(), order.end(), static_cast<std::size_t>(it));  // then taken mod vs.size()
+    else std::shuffle(order.begin(), order.end(), shuffle_rng);
     for (std::size_t j = 0; j < vs.size(); ++j) {
-      auto& v = vs[(j + static_cast<std::size_t>(it)) % vs.size()];
+      auto& v = vs[order[j] % vs.size()];
       v.prepare();
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
@@ -414,7 +431,17 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
       std::fprintf(stderr, "gflow_bench: WARNING gflow and hand-written bucketed results differ\n");
   }
   std::vector<variant_result> out;
-  for (auto& v : vs) out.push_back({v.name, v.name == "mpi_per_tensor" || v.name == "mpi_whole" ? 0 : threshold, v.collectives, summarize(v.times)});
+  const variant* hand = nullptr;
+  for (auto& v : vs)
+    if (v.name == "mpi_bucketed") hand = &v;
+  for (auto& v : vs) {
+    out.push_back({v.name, v.name == "mpi_per_tensor" || v.name == "mpi_whole" ? 0 : threshold, v.collectives, summarize(v.times)});
+    if (hand != nullptr && v.name.rfind("gflow", 0) == 0) {
+      std::vector<double> r(v.times.size());
+      for (std::size_t i = 0; i < r.size(); ++i) r[i] = v.times[i] / hand->times[i];
+      out.back().paired_ratio = summarize(r).median;
+    }
+  }
   return out;
 }
 
@@ -1132,8 +1159,8 @@ int main(int argc, char** argv) {
     all.insert(all.end(), rs.begin(), rs.end());
   }
   if (rank == 0) {
-    std::fprintf(stderr, "%-20s %14s %6s %12s %12s %12s %10s %8s\n", "variant", "threshold_B", "colls", "median_ms", "p10_ms", "p90_ms", "vs_bucket",
-                 o.wire == "fp32" ? "" : "vs_fp32");
+    std::fprintf(stderr, "%-20s %14s %6s %12s %12s %12s %10s %8s %8s\n", "variant", "threshold_B", "colls", "median_ms", "p10_ms", "p90_ms", "vs_bucket",
+                 "paired", o.wire == "fp32" ? "" : "vs_fp32");
     std::map<std::size_t, double> bucketed, fp32;
     for (auto& r : all) {
       if (r.name == "mpi_bucketed") bucketed[r.threshold] = r.s.median;
@@ -1144,14 +1171,15 @@ int main(int argc, char** argv) {
       const bool ours = r.name.rfind("gflow", 0) == 0;
       const double ratio = (ours && bucketed.count(r.threshold)) ? r.s.median / bucketed[r.threshold] : 0.0;
       const double vs32 = (r.name == "gflow" && fp32.count(r.threshold)) ? r.s.median / fp32[r.threshold] : 0.0;
-      std::fprintf(stderr, "%-20s %14zu %6zu %12.3f %12.3f %12.3f %10s %8s\n", r.name.c_str(), r.threshold, r.collectives, r.s.median * 1e3,
-                   r.s.p10 * 1e3, r.s.p90 * 1e3, fmt(ratio).c_str(), fmt(vs32).c_str());
+      std::fprintf(stderr, "%-20s %14zu %6zu %12.3f %12.3f %12.3f %10s %8s %8s\n", r.name.c_str(), r.threshold, r.collectives, r.s.median * 1e3,
+                   r.s.p10 * 1e3, r.s.p90 * 1e3, fmt(ratio).c_str(), fmt(r.paired_ratio).c_str(), fmt(vs32).c_str());
       std::printf(
           "{\"suite\":\"exchange\",\"layout\":\"%s\",\"ranks\":%d,\"variant\":\"%s\",\"wire\":\"%s\",\"threshold_bytes\":%zu,"
-          "\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"bytes_per_rank\":%zu,\"collectives\":%zu,\"iterations\":%d%s%s}\n",
+          "\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"bytes_per_rank\":%zu,\"collectives\":%zu,\"iterations\":%d%s%s%s}\n",
           layout_name.c_str(), P, r.name.c_str(), o.wire.c_str(), r.threshold, r.s.median, r.s.p10, r.s.p90,
           r.name == "gflow_fp32" ? l.total_numel() * 4 : payload, r.collectives, o.iters,
           ratio > 0 ? (",\"ratio_vs_mpi_bucketed\":" + std::to_string(ratio)).c_str() : "",
+          r.paired_ratio > 0 ? (",\"paired_ratio_vs_mpi_bucketed\":" + std::to_string(r.paired_ratio)).c_str() : "",
           vs32 > 0 ? (",\"ratio_vs_gflow_fp32\":" + std::to_string(vs32)).c_str() : "");
     }
     if (o.sweep) {
