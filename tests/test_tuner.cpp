@@ -7,6 +7,7 @@
 #include <gflow/exchanger.hpp>
 #include <gflow/plan/cost_model.hpp>
 #include <gflow/transport/inproc.hpp>
+#include <gflow/transport/mock.hpp>
 #include <gflow/tuner.hpp>
 
 #include <algorithm>
@@ -517,4 +518,33 @@ TEST_CASE("Fusion<Auto> + Topology<Hybrid>: the exchanger runs the tuner's switc
     else
       CHECK(a.topology().threshold() == (1u << 20));
   });
+}
+
+TEST_CASE("tuner: settled, it makes no collective between windows (one all_reduce and one broadcast per window)") {
+  const Layout& l = big_layout();
+  const auto pool = plan::plan_pool(l);
+  machine m;
+  mock::transport t(4, 0);
+  detail::fusion_tuner tu(l, pool, 4, 4u << 20);
+  auto one = [&] {
+    const auto cur = tu.current();
+    const auto b = plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
+    tuner_sample s;
+    s.ready_s = m.ready(l);
+    for (const auto& bk : b) s.bucket_s.push_back(m.bucket_time(static_cast<double>(bk.count * 4)));
+    s.iteration_s = m.iteration(l, pool, b, s.ready_s);
+    (void)tu.step(t, s, b.size());
+  };
+  int it = 0;
+  for (; it < 60 && tu.state() != detail::fusion_tuner::phase::settled; ++it) one();
+  REQUIRE(tu.state() == detail::fusion_tuner::phase::settled);
+  CHECK(t.calls().records.size() == 2u * static_cast<std::size_t>(it));  // probing: one all_reduce + one broadcast per iteration
+  t.calls().records.clear();
+  for (int w = 0; w < 3; ++w) {
+    for (int i = 0; i < 9; ++i) one();
+    CHECK(t.calls().records.size() == 2u * static_cast<std::size_t>(w));  // nothing inside a window
+    one();
+    CHECK(t.calls().records.size() == 2u * static_cast<std::size_t>(w + 1));
+  }
+  CHECK(tu.state() == detail::fusion_tuner::phase::settled);  // the mock's max of identical numbers: no drift
 }

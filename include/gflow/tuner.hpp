@@ -19,9 +19,10 @@
 //   three of them with every bucket hierarchical, one line is fitted to each, and the model
 //   chooses among "all ring", "all hierarchical" and the size where the hierarchical line crosses
 //   the ring line (Hybrid can only send the small messages hierarchically);
-//   4. settles, and watches: the first `window` settled iterations give the reference (medians of
-//      the iteration time and of the backward's span); when a later window's median moves by more
-//      than `drift` from it, it probes again.
+//   4. settles, and watches: each rank keeps its own window of `window` iterations (no collective
+//      in between); at its end the window's medians of the iteration time and of the backward's
+//      span are reduced (max). The first window gives the reference; when a later window moves by
+//      more than `drift` from it, it probes again.
 // Identical on every rank by construction: the measurements are first reduced (max) over the
 // ranks, so every rank runs the same state machine on the same numbers, and the plan to use next
 // is then broadcast from rank 0 and applied by every rank (Horovod #1282 desynchronised buckets
@@ -149,7 +150,9 @@ class fusion_tuner {
   [[nodiscard]] std::uint64_t iterations_in_phase() const noexcept { return seen_; }
 
   /// Feeds one iteration measured under current(); collective over t (every rank, after every
-  /// finish()). Returns the plan for the next iteration: the same on every rank (rank 0's).
+  /// finish()): while probing or verifying one all_reduce and one broadcast per iteration, once
+  /// settled one of each per `window` iterations and none in between. Returns the plan for the
+  /// next iteration: the same on every rank (rank 0's).
   template <class T>
   fusion_plan step(T& t, const tuner_sample& mine, std::size_t bucket_count) {
     const std::size_t n = layout_->size();
@@ -158,18 +161,29 @@ class fusion_tuner {
                                            std::to_string(mine.bucket_s.size()) + " bucket times; the plan has " + std::to_string(n) +
                                            " tensors and " + std::to_string(bucket_count) + " buckets.",
                              "pass one ready time per tensor and one time per bucket of the plan in use.");
-    // 1. the slowest rank's view, identical everywhere
-    const bool full = phase_ != phase::settled;
-    packed_.clear();
-    packed_.push_back(mine.iteration_s);
-    packed_.push_back(span_of(mine.ready_s));
-    if (full) {
+    if (phase_ == phase::settled) {
+      // Settled: no collective until a window is full. Each rank keeps its own window; at its end
+      // the two medians are reduced (max) and the drift check runs on those, identical everywhere.
+      ++seen_;
+      window_it_.push_back(mine.iteration_s);
+      window_span_.push_back(span_of(mine.ready_s));
+      if (window_it_.size() < static_cast<std::size_t>(s_.window)) return current_;
+      double m[2] = {median(window_it_), median(window_span_)};
+      window_it_.clear();
+      window_span_.clear();
+      t.all_reduce(m, 2, reduce_op::max);
+      settled_window(m[0], m[1]);
+    } else {
+      // 1. the slowest rank's view, identical everywhere
+      packed_.clear();
+      packed_.push_back(mine.iteration_s);
+      packed_.push_back(span_of(mine.ready_s));
       packed_.insert(packed_.end(), mine.ready_s.begin(), mine.ready_s.end());
       packed_.insert(packed_.end(), mine.bucket_s.begin(), mine.bucket_s.end());
+      t.all_reduce(packed_.data(), packed_.size(), reduce_op::max);
+      // 2. the state machine, on the reduced numbers
+      observe(std::span<const double>(packed_), bucket_count);
     }
-    t.all_reduce(packed_.data(), packed_.size(), reduce_op::max);
-    // 2. the state machine, on the reduced numbers
-    observe(std::span<const double>(packed_), bucket_count);
     // 3. rank 0's plan for everyone
     std::uint64_t d[4] = {current_.threshold, current_.first, current_.hybrid_switch, static_cast<std::uint64_t>(phase_)};
     t.broadcast(d, 4, 0);
@@ -191,17 +205,7 @@ class fusion_tuner {
         const double mi = median(window_it_), ms = median(window_span_);
         window_it_.clear();
         window_span_.clear();
-        if (ref_iteration_ <= 0) {  // the first settled window is the reference (a median of `window`, not of a probe's few)
-          ref_iteration_ = mi;
-          ref_span_ = ms;
-          return;
-        }
-        const bool moved = std::abs(mi - ref_iteration_) > s_.drift * ref_iteration_ ||
-                           (ref_span_ > 0 && std::abs(ms - ref_span_) > s_.drift * ref_span_);
-        if (moved) {
-          ++retunes_;
-          restart();
-        }
+        settled_window(mi, ms);
       }
       return;
     }
@@ -251,6 +255,23 @@ class fusion_tuner {
     // verify: keep the faster of the model's choice and the best probe
     if (m <= best_measured_) settle(current_, m);
     else settle(best_probe_, best_measured_);
+  }
+
+  /// Settled: one window's medians of the iteration time and of the backward's span. The first
+  /// window gives the reference (a median of `window`, not of a probe's few); a later one that
+  /// moved by more than `drift` starts a new probe.
+  void settled_window(double iteration_s, double span_s) {
+    if (ref_iteration_ <= 0) {
+      ref_iteration_ = iteration_s;
+      ref_span_ = span_s;
+      return;
+    }
+    const bool moved = std::abs(iteration_s - ref_iteration_) > s_.drift * ref_iteration_ ||
+                       (ref_span_ > 0 && std::abs(span_s - ref_span_) > s_.drift * ref_span_);
+    if (moved) {
+      ++retunes_;
+      restart();
+    }
   }
 
   /// The plan among the candidates that minimises the modelled completion.
