@@ -134,17 +134,17 @@ TEST_CASE("exchange model: local work is added per scheme as the engines do it")
   em.local.accumulate = 3e-9;
   em.local.defer = 4e-9;
   em.local.entry = 10e-9;
-  em.local.union_step = 1e-9;
+  em.local.union_mark = 1e-9;
+  em.local.union_emit = 2e-9;
   em.local.merge_step = 5e-9;
   const std::size_t n = 1000000, k = 1000;
   const std::vector<double> buckets{4e6};
   CHECK(em.dense(4, buckets, n) == doctest::Approx(1e-3));
   CHECK(em.csc(4, n, 1000, 0.01, 4) == doctest::Approx(4e-3));
-  // TopK at P = 4: 5 ns n, 4 k entries, unions k + 2k + 3k + 4k (disjoint lists)
-  CHECK(em.topk(4, k, 8, n) == doctest::Approx(5e-3 + 4 * k * 10e-9 + 10 * k * 1e-9));
-  // ... and the union never exceeds the pool: P = 4000 lists of k = n / 2
-  const double h = n / 2.0;  // unions: h, then h + h, then n + h for the other 3998 messages
-  CHECK(em.topk(4000, n / 2, 8, n) == doctest::Approx(5e-3 + 4000.0 * h * 10e-9 + (h + 2 * h + 3998.0 * (n + h)) * 1e-9));
+  // TopK at P = 4: 5 ns n, 4 k entries each decoded and marked, a union of up to 4 k read out
+  CHECK(em.topk(4, k, 8, n) == doctest::Approx(5e-3 + 4 * k * (10e-9 + 1e-9) + 4 * k * 2e-9));
+  // ... linear in P k, and the union never exceeds the pool: P = 4000 lists of k = n / 2
+  CHECK(em.topk(4000, n / 2, 8, n) == doctest::Approx(5e-3 + 4000.0 * (n / 2.0) * 11e-9 + n * 2e-9));
   // GTopK at P = 8: 3 rounds of a 2k merge, then the broadcast list's k entries
   CHECK(em.gtopk(8, k, 8, n) == doctest::Approx(5e-3 + 3 * 2 * k * 5e-9 + k * 10e-9));
   CHECK(em.gtopk(1, k, 8, n) == doctest::Approx(5e-3 + k * 10e-9));

@@ -431,3 +431,39 @@ TEST_CASE("restore_unselected and restore_records_in: line 10 and its completion
   k_::scatter_add(d.data(), si, sv, 2);
   CHECK(d == std::vector<float>{1.5f, 1, 1, 1, 1, -1.0f});
 }
+
+TEST_CASE("mark_bits / take_marked: the sorted union of P index lists, the bitmap left all zero") {
+  std::mt19937_64 rng(7);
+  for (std::size_t n : {std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{65}, std::size_t{4096}, std::size_t{4097}, std::size_t{100003}}) {
+    for (int P : {1, 2, 3, 8, 33}) {
+      const std::uint64_t base = (rng() % 3 == 0) ? 0 : rng() % (std::uint64_t{1} << 40);  // absolute pool positions
+      std::vector<std::uint64_t> marks((n + 63) / 64, 0), summary((n + 4095) / 4096, 0), out(n + 1, ~std::uint64_t{0});
+      std::set<std::uint64_t> want;
+      for (int q = 0; q < P; ++q) {
+        const std::size_t k = 1 + rng() % std::min<std::size_t>(n, 500);
+        std::vector<std::uint64_t> idx(k);
+        for (auto& x : idx) x = base + rng() % n;  // overlapping lists, duplicates across ranks
+        std::sort(idx.begin(), idx.end());
+        idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
+        want.insert(idx.begin(), idx.end());
+        if (q % 2 == 0) {
+          gflow::kernels::mark_bits(marks.data(), summary.data(), idx.data(), idx.size(), base);
+        } else {  // 32-bit indices (relative to a base of 0 here) work the same
+          std::vector<std::uint32_t> narrow;
+          if (base == 0) {
+            for (auto x : idx) narrow.push_back(static_cast<std::uint32_t>(x));
+            gflow::kernels::mark_bits(marks.data(), summary.data(), narrow.data(), narrow.size(), base);
+          } else {
+            gflow::kernels::mark_bits(marks.data(), summary.data(), idx.data(), idx.size(), base);
+          }
+        }
+      }
+      const std::size_t u = gflow::kernels::take_marked(marks.data(), summary.data(), summary.size(), base, out.data());
+      REQUIRE(u == want.size());
+      CHECK(std::equal(want.begin(), want.end(), out.begin()));
+      CHECK(out[u] == ~std::uint64_t{0});  // nothing written past the union
+      CHECK(std::all_of(marks.begin(), marks.end(), [](std::uint64_t w) { return w == 0; }));
+      CHECK(std::all_of(summary.begin(), summary.end(), [](std::uint64_t w) { return w == 0; }));
+    }
+  }
+}

@@ -26,6 +26,9 @@
 //                                              before anything is used
 //   scatter_add(dst, idx, val, count)          dst[idx] += float(val)
 //   scale_at / gather_at(dst, idx, count, ...)  dst[idx] *= s / read dst[idx] into a list (host only)
+//   mark_bits / take_marked                    the union of P received index lists through a
+//                                              two-level bitmap of the unit: O(P k + n / 4096),
+//                                              in index order (host only)
 //   merge_topk(a, b, k, out, records)          Definition 1 (paper 003): add equal indices, keep
 //                                              the k largest |sum| (ties: lower index)
 //   restore_unselected / restore_records_in    Algorithm 4 line 10 and its exact completion
@@ -188,6 +191,43 @@ void scale_at(float* dst, const I* idx, std::size_t count, float scale, float* o
 template <class I>
 void gather_at(const float* dst, const I* idx, std::size_t count, float* out) noexcept {
   for (std::size_t j = 0; j < count; ++j) out[j] = dst[static_cast<std::size_t>(idx[j])];
+}
+
+/// The union of index lists as a two-level bitmap of a unit: bit i of `bits` (bit i % 64 of word
+/// i / 64) for element base + i, and bit w of `summary` for each word w of `bits` that has a bit
+/// set, so reading the union out visits only those words (and n / 4096 summary words).
+/// mark_bits sets the bits of idx[0..count); every idx[j] - base must lie within the unit.
+template <class I>
+void mark_bits(std::uint64_t* bits, std::uint64_t* summary, const I* idx, std::size_t count, std::uint64_t base) noexcept {
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::uint64_t i = static_cast<std::uint64_t>(idx[j]) - base;
+    bits[i >> 6] |= std::uint64_t{1} << (i & 63);
+    summary[i >> 12] |= std::uint64_t{1} << ((i >> 6) & 63);
+  }
+}
+
+/// The marked elements in increasing order, written to out as base + bit index, and cleared
+/// (both levels are all zero afterwards). summary_words = ceil(n / 4096). Returns how many.
+inline std::size_t take_marked(std::uint64_t* bits, std::uint64_t* summary, std::size_t summary_words, std::uint64_t base,
+                               std::uint64_t* out) noexcept {
+  std::size_t n = 0;
+  for (std::size_t s = 0; s < summary_words; ++s) {
+    std::uint64_t y = summary[s];
+    if (y == 0) continue;
+    summary[s] = 0;
+    do {
+      const std::size_t w = (s << 6) + static_cast<std::size_t>(__builtin_ctzll(y));
+      y &= y - 1;
+      std::uint64_t x = bits[w];
+      bits[w] = 0;
+      const std::uint64_t at = base + (static_cast<std::uint64_t>(w) << 6);
+      do {
+        out[n++] = at + static_cast<std::uint64_t>(__builtin_ctzll(x));
+        x &= x - 1;
+      } while (x != 0);
+    } while (y != 0);
+  }
+  return n;
 }
 
 }  // namespace gflow::kernels

@@ -229,15 +229,16 @@ struct local_costs {
   double accumulate = 0;  // TopK / GTopK: the residual accumulation beyond the selection, per element
   double defer = 0;       // CSC: the history pass over kept-back chunks (defer_chunks), per element
   double entry = 0;       // a received (index, value): validated and decoded twice, scatter-added, averaged
-  double union_step = 0;  // TopK: one element through the sorted union of the received lists
+  double union_mark = 0;  // TopK: a received entry's index marked in the union's two-level bitmap
+  double union_emit = 0;  // TopK: one element of the union read out of the bitmap, in index order
   double merge_step = 0;  // GTopK: a received message validated and merged (merge_topk), per element of the 2k union
 };
 
 /// Exchange time = communication (cost_model, Table I) + local work (local_costs), per scheme,
 /// counting what the engines do (engines/dense.hpp, engines/topk/, engines/csc.hpp):
 ///   Dense / Hierarchical  one average pass over the pool
-///   TopK    residual accumulation, zeros, P messages of k entries, and their union: message q
-///           merges k entries into a union of up to q k (disjoint selections: the upper bound)
+///   TopK    residual accumulation, zeros, P messages of k entries, each marked in a bitmap of
+///           the pool, and the union (at most min(P k, n): disjoint lists) read out of it
 ///   GTopK   residual accumulation, zeros, per merge round a received message merged with the
 ///           rank's list (2k elements), and the broadcast list's k entries
 ///   CSC     the history pass over the pool (kept-back chunks; the selected fraction is
@@ -257,9 +258,8 @@ struct exchange_model {
   }
   [[nodiscard]] double topk(int P, std::size_t k, std::size_t pair_bytes, std::size_t elements) const {
     const double n = static_cast<double>(elements), kk = static_cast<double>(k), p = P;
-    double unions = 0;  // message q meets a union of min(q k, n) entries
-    for (int q = 0; q < P; ++q) unions += std::min(q * kk, n) + kk;
-    return comm.topk(P, k, pair_bytes) + (local.accumulate + local.zero) * n + p * kk * local.entry + unions * local.union_step;
+    return comm.topk(P, k, pair_bytes) + (local.accumulate + local.zero) * n + p * kk * (local.entry + local.union_mark) +
+           std::min(p * kk, n) * local.union_emit;
   }
   [[nodiscard]] double gtopk(int P, std::size_t k, std::size_t pair_bytes, std::size_t elements) const {
     const double n = static_cast<double>(elements), kk = static_cast<double>(k), lg = P > 1 ? gtopk_rounds(P) : 0.0;
