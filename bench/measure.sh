@@ -12,7 +12,8 @@
 #   trace     the timeline's cost when on (gflow_traced / gflow, resnet50 and resnet20) and the
 #             ResNet-50 overlap trace on 4 ranks drawn into docs/timeline_resnet50_4.png
 #   model     the alpha-beta fit + local work and its error at P = 2, 4, 8 (model_resnet50_<P>[_rN].jsonl)
-#   autotune  overlap --autotune, resnet50 and gpt2_small, 4 ranks, compute ratios 0.5, 1, 2
+#   autotune  overlap --autotune, resnet50 and gpt2_small, 4 ranks, compute ratios 0.5, 1, 2; then
+#             resnet50 and resnet20 with --topology hybrid (the switch tuned too)
 # Run it alone on the machine: a compile or a test beside it makes the numbers worthless.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -78,6 +79,9 @@ for s in "${sections[@]}"; do
     autotune)
       for l in resnet50 gpt2_small; do
         run "$out/autotune_${l}_4.jsonl" overlap --layout "$l" --ranks 4 --autotune --compute-ratio 0.5,1,2
+      done
+      for l in resnet50 resnet20; do
+        run "$out/autotune_hybrid_${l}_4.jsonl" overlap --layout "$l" --ranks 4 --autotune --topology hybrid --compute-ratio 0.5,1,2
       done
       python3 "$root/bench/plot.py" autotune "$out"/autotune_*_4.jsonl ;;
   esac
