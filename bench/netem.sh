@@ -10,6 +10,8 @@
 #                                      (as Topology<Hierarchical<G>> forms them); traffic between
 #                                      groups at RATE, inside a group at INTRA (e.g. up 4 1gbit 2 10gbit)
 #   sudo bench/netem.sh run N -- ARGS  runs bench/gflow_bench ARGS on N ranks, one per namespace
+#   sudo bench/netem.sh exec N -- PROGRAM ARGS
+#                                      runs any MPI program (e.g. a trainer) the same way
 #   sudo bench/netem.sh down N
 # tbf's burst is kept well above the MTU and GSO segment sizes, or packets are dropped. Its 4 MB
 # also lets a message of up to 4 MB that follows a pause leave at the veth's speed (sparse schemes'
@@ -18,7 +20,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cmd="${1:-}"; n="${2:-}"
-[[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "usage: bench/netem.sh up N RATE | run N -- ARGS | down N" >&2; exit 2; }
+[[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "usage: bench/netem.sh up N RATE | run N -- ARGS | exec N -- PROGRAM ARGS | down N" >&2; exit 2; }
 ns() { echo "gflow_r$1"; }
 case "$cmd" in
   up)
@@ -63,18 +65,26 @@ case "$cmd" in
     # delete the peers too, or the next `up` finds them ("File exists").
     for l in $(ip -o link show 2>/dev/null | sed -n 's/^[0-9]*: \(gfp[0-9]*\)@.*/\1/p'); do ip link del "$l" 2>/dev/null || true; done
     ip link del gfbr 2>/dev/null || true ;;
-  run)
+  run | exec)
     shift 2; [[ "${1:-}" == "--" ]] && shift
-    build="${GFLOW_BENCH_BUILD:-$root/build-bench}"
-    [[ -x "$build/bench/gflow_bench" ]] || { echo "netem: build bench first (bench/run builds it)" >&2; exit 2; }
+    if [[ "$cmd" == run ]]; then
+      build="${GFLOW_BENCH_BUILD:-$root/build-bench}"
+      [[ -x "$build/bench/gflow_bench" ]] || { echo "netem: build bench first (bench/run builds it)" >&2; exit 2; }
+      set -- "$build/bench/gflow_bench" "$@"
+    else
+      [[ -x "${1:-}" ]] || { echo "netem: exec N -- PROGRAM ARGS: '${1:-}' is not an executable" >&2; exit 2; }
+      prog="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
+      shift
+      set -- "$prog" "$@"
+    fi
     app=()
     for ((i = 0; i < n; i++)); do
       ((i)) && app+=(":")
-      app+=(-n 1 ip netns exec "$(ns $i)" "$build/bench/gflow_bench" "$@")
+      app+=(-n 1 ip netns exec "$(ns $i)" "$@")
     done
     export PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include=169.254.77.0/24
     exec mpiexec --allow-run-as-root --oversubscribe --bind-to none --mca btl tcp,self \
       --mca oob_tcp_if_include 169.254.77.0/24 \
       --mca btl_tcp_if_include 169.254.77.0/24 "${app[@]}" ;;
-  *) echo "usage: bench/netem.sh up N RATE | run N -- ARGS | down N" >&2; exit 2 ;;
+  *) echo "usage: bench/netem.sh up N RATE | run N -- ARGS | exec N -- PROGRAM ARGS | down N" >&2; exit 2 ;;
 esac
