@@ -165,12 +165,8 @@ class fusion_tuner {
       // Settled: no collective until a window is full. Each rank keeps its own window; at its end
       // the two medians are reduced (max) and the drift check runs on those, identical everywhere.
       ++seen_;
-      window_it_.push_back(mine.iteration_s);
-      window_span_.push_back(span_of(mine.ready_s));
-      if (window_it_.size() < static_cast<std::size_t>(s_.window)) return current_;
-      double m[2] = {median(window_it_), median(window_span_)};
-      window_it_.clear();
-      window_span_.clear();
+      double m[2];
+      if (!add_to_window(mine.iteration_s, span_of(mine.ready_s), m)) return current_;
       t.all_reduce(m, 2, reduce_op::max);
       settled_window(m[0], m[1]);
     } else {
@@ -199,14 +195,8 @@ class fusion_tuner {
     const double it_s = reduced[0], span_s = reduced[1];
     ++seen_;
     if (phase_ == phase::settled) {
-      window_it_.push_back(it_s);
-      window_span_.push_back(span_s);
-      if (window_it_.size() >= static_cast<std::size_t>(s_.window)) {
-        const double mi = median(window_it_), ms = median(window_span_);
-        window_it_.clear();
-        window_span_.clear();
-        settled_window(mi, ms);
-      }
+      double m[2];
+      if (add_to_window(it_s, span_s, m)) settled_window(m[0], m[1]);
       return;
     }
     // probe / verify: keep the ready times and the bucket samples
@@ -400,6 +390,18 @@ class fusion_tuner {
     window_it_.clear();
     window_span_.clear();
     seen_ = 0;
+  }
+  // Settled: one iteration into the drift window; when it is full, its medians (iteration time,
+  // backward span) go to out and it starts over.
+  bool add_to_window(double iteration_s, double span_s, double (&out)[2]) {
+    window_it_.push_back(iteration_s);
+    window_span_.push_back(span_s);
+    if (window_it_.size() < static_cast<std::size_t>(s_.window)) return false;
+    out[0] = median(window_it_);
+    out[1] = median(window_span_);
+    window_it_.clear();
+    window_span_.clear();
+    return true;
   }
   void settle(fusion_plan p, double) {
     phase_ = phase::settled;

@@ -84,6 +84,8 @@ enum class collective_kind { allreduce, all_gather, send_recv, broadcast };
 struct kind_shape {
   double latency_terms;
   double byte_factor;
+  /// The kind's time for a message of `bytes` on the line f: latency_terms alpha + byte_factor bytes beta.
+  [[nodiscard]] double time(const alpha_beta& f, double bytes) const noexcept { return latency_terms * f.alpha + byte_factor * bytes * f.beta; }
 };
 [[nodiscard]] inline kind_shape shape_of(collective_kind k, int P) {
   const double p = P, lg = gtopk_rounds(P);
@@ -133,10 +135,7 @@ inline kind_fit fit_kind_regimes(collective_kind k, int P, std::span<const doubl
   const kind_shape sh = shape_of(k, P);
   auto worst = [&](const kind_fit& f) {
     double w = 0;
-    for (std::size_t i = 0; i < bytes.size(); ++i) {
-      const alpha_beta& r = f.at(bytes[i]);
-      w = std::max(w, std::abs((sh.latency_terms * r.alpha + sh.byte_factor * bytes[i] * r.beta) / seconds[i] - 1.0));
-    }
+    for (std::size_t i = 0; i < bytes.size(); ++i) w = std::max(w, std::abs(sh.time(f.at(bytes[i]), bytes[i]) / seconds[i] - 1.0));
     return w;
   };
   std::vector<double> sizes(bytes.begin(), bytes.end());
@@ -177,9 +176,7 @@ struct cost_model {
   /// One collective of `bytes` per rank at P ranks.
   [[nodiscard]] double collective(collective_kind k, int P, double bytes) const {
     if (P <= 1) return 0.0;
-    const kind_shape s = shape_of(k, P);
-    const alpha_beta& f = of(k).at(bytes);
-    return s.latency_terms * f.alpha + s.byte_factor * bytes * f.beta;
+    return shape_of(k, P).time(of(k).at(bytes), bytes);
   }
 
   /// Dense: one allreduce per bucket (bytes of each bucket on the wire).

@@ -104,7 +104,6 @@ class topk_engine {
       decoded_ = buffer<float>(kcap);
     } else {
       if constexpr (on_host) {
-        union_.assign(ucap, 0);
         marks_.assign((ncap + 63) / 64, 0);  // all zero between iterations (take_marked clears)
         marks_summary_.assign((ncap + 4095) / 4096, 0);
       }
@@ -380,21 +379,21 @@ class topk_engine {
     }
     float* g = cx_->grads + off;
     kern.fill_zero(g, n);
-    std::size_t ua = 0;
     for (int q = 0; q < P; ++q) {  // rank order: the same additions, in the same order, on every rank
       const auto r = kern.unpack_checked(block(q, mb), k, off, off + n, L.recv_idx.data(), L.recv_val.data(), ws_);
       kern.scatter_add(cx_->grads, L.recv_idx.data(), L.recv_val.data(), r.count);
       if constexpr (on_host) kernels::mark_bits(marks_.data(), marks_summary_.data(), L.recv_idx.data(), r.count, off);  // the union
     }
     if constexpr (on_host) {
-      // the union in index order: O(P k + n / 4096) (successive sorted unions were O(P^2 k))
-      ua = kernels::take_marked(marks_.data(), marks_summary_.data(), (n + 4095) / 4096, off, union_.data());
-      std::copy(union_.data(), union_.data() + ua, exchanged_.data() + exchanged_n_);
+      // the union in index order, straight into exchanged(): O(P k + n / 4096) (successive sorted
+      // unions were O(P^2 k))
+      std::uint64_t* const u = exchanged_.data() + exchanged_n_;
+      const std::size_t ua = kernels::take_marked(marks_.data(), marks_summary_.data(), (n + 4095) / 4096, off, u);
       exchanged_n_ += ua;
       // Only the union's elements can differ from +0 (and +0 * (1/P) = +0): average and count
       // inf / NaN there.
-      if (!Ctx::narrow && cx_->average) kernels::scale_at(cx_->grads, union_.data(), ua, cx_->mean_scale(), decoded_.data());
-      else kernels::gather_at(cx_->grads, union_.data(), ua, decoded_.data());
+      if (!Ctx::narrow && cx_->average) kernels::scale_at(cx_->grads, u, ua, cx_->mean_scale(), decoded_.data());
+      else kernels::gather_at(cx_->grads, u, ua, decoded_.data());
       kern.count_nonfinite(decoded_.data(), ua);
     } else {
       // The union's indices stay on the device: average / count over the whole unit, which gives
@@ -421,7 +420,7 @@ class topk_engine {
   buffer<float> residual_;
   typename B::template topk_scratch<W> ws_;
   buffer<std::uint8_t> send_msg_, recv_msg_, bcast_msg_, gather_;
-  std::vector<std::uint64_t> selected_, exchanged_, union_, marks_, marks_summary_;  // host memory only: see selected()
+  std::vector<std::uint64_t> selected_, exchanged_, marks_, marks_summary_;  // host memory only: see selected()
   buffer<float> decoded_;  // GTopK: the global list's values; TopK: the union's results (host scratch)
   std::vector<plan::tree_step> steps_;
   topk_lists<std::uint32_t, W, B> l32_;
