@@ -72,7 +72,8 @@ struct options {
                "usage: bench/run exchange|overlap [--ranks N] [--layout NAME|PATH] [--threshold BYTES] [--wire fp32|fp16|bf16]\n"
                "                          [--quick] [--sweep] [--iters N] [--warmup N] [--compute-ratio R[,R...]] [--trace FILE]\n"
                "                          [--order shuffled|rotated]   (exchange: the variants' order each iteration)\n"
-               "       bench/run overlap --autotune [--compute-ratio 0.5,1,2] [--topology hybrid]   (fixed-threshold sweep + Fusion<Auto>;\n"
+               "       bench/run overlap --autotune [--compute-ratio 0.5,1,2] [--topology hybrid]   (fixed-threshold sweep + Fusion<Auto>,\n"
+               "                          timed in interleaved rounds (--iters / 3 rounds of 1 + 3 iterations each);\n"
                "                          hybrid: Hybrid<1 MiB, 2> with the switch at all-ring / 1 MiB / all-hierarchical, tuned too)\n"
                "       bench/run model [--ranks N] [--layout L] [--reps N]       (alpha-beta fit, predictions P = 2..1024, error at N)\n"
                "       bench/run sparse [--ranks N] [--layout L] [--density 0.001,0.01] [--transport mpi|inproc]\n"
@@ -533,56 +534,32 @@ overlap_result run_overlap_variant(const char* name, const options& o, const gfl
 }
 
 // ---- overlap --autotune: fixed thresholds against Fusion<Auto> ----------------------------------
-// Funneled, the simulated backward only (no exchange-alone pass). Fixed: warm-up then iters.
-// Autotuned: runs until the tuner has been settled for 10 iterations (at most 80), and reports
-// the median of those 10 and the iteration at which it settled.
+// Funneled, the simulated backward only (no exchange-alone pass). First the tuner runs from 4 MiB
+// until it has been settled for 10 iterations (at most 80): the iteration at which it settled.
+// Then every fixed plan of the sweep and the settled tuner are timed in interleaved rounds: each
+// round visits all of them in a new random order (a fixed seed, the same on every rank), one
+// warm-up and 3 timed iterations each. A plan's time is the median of its timed iterations over
+// all rounds, so a drift of the machine over the minutes a sweep takes lands on every plan alike
+// instead of on whichever ran in that stretch (one fixed plan after another, then the tuner, made
+// the same plan differ by up to 50% between a sweep and the tuner's run). The fixed plans run on
+// one exchanger re-planned with set_fusion (and Hybrid's set_threshold) between blocks.
 struct tuned_point {
   std::size_t threshold, first;
   stats it;
-  int settled_at;  // -1: fixed
+  int settled_at;  // -1: fixed, or a tuner that did not settle within 80 iterations
   std::size_t retunes;
   std::size_t hybrid_switch;  // Topology<Hybrid>: the switch it ran with (0: none)
+  double paired_ratio = 0;    // autotuned: median over rounds of its block median / the best fixed plan's
 };
 
-template <class E>
-tuned_point run_backward_only(const options& o, const gflow::Layout& l, double per_elem_s, std::size_t threshold, std::size_t hybrid_switch = 0) {
-  using X = typename E::template on<gflow::mpi::transport>;
-  gflow::mpi::transport tr(MPI_COMM_WORLD);
-  gflow::exchange_options eo;
-  eo.threshold_bytes = threshold;
-  X ex(tr, l, eo);
-  constexpr bool switched = gflow::detail::switched_topology<std::remove_reference_t<decltype(ex.topology())>>;
-  if constexpr (switched) {
-    if (hybrid_switch != 0) ex.topology().set_threshold(hybrid_switch);
-  }
-  std::vector<double> its;
-  int settled_at = -1, settled_run = 0;
-  const int max_iters = X::autotuned ? 80 : o.warmup + o.iters;
-  for (int it = 0; it < max_iters; ++it) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    double slept = 0;
-    double di = simulated_backward(ex, l, per_elem_s, slept);
-    MPI_Allreduce(MPI_IN_PLACE, &di, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if constexpr (X::autotuned) {
-      // identical on every rank: the tuner's phase is rank 0's, broadcast in finish()
-      if (ex.tuner().state() == gflow::detail::fusion_tuner::phase::settled) {
-        if (settled_run == 0) settled_at = it + 1;
-        if (settled_run++ > 0) its.push_back(di);  // the iteration that settled ran the previous plan
-        if (settled_run > 10) break;
-      } else {
-        settled_run = 0;
-        its.clear();
-        settled_at = -1;
-      }
-    } else if (it >= o.warmup) {
-      its.push_back(di);
-    }
-  }
-  if (its.empty()) its.push_back(0.0);
-  std::size_t retunes = 0, sw = 0;
-  if constexpr (X::autotuned) retunes = ex.tuner().retunes();
-  if constexpr (switched) sw = ex.topology().threshold();
-  return {ex.threshold_bytes(), ex.first_bucket_bytes(), summarize(its), settled_at, retunes, sw};
+// One simulated backward on every rank; the slowest rank's seconds (the same on every rank).
+template <class X>
+double backward_iteration(X& ex, const gflow::Layout& l, double per_elem_s) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  double slept = 0;
+  double di = simulated_backward(ex, l, per_elem_s, slept);
+  MPI_Allreduce(MPI_IN_PLACE, &di, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return di;
 }
 
 // Topo: Topology<Ring> (the sweep is over thresholds) or Topology<Hybrid<1 MiB, 2>> (thresholds x
@@ -594,8 +571,8 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
   MPI_Comm_size(MPI_COMM_WORLD, &P);
   using gflow::Overlap;
   using Pr = gflow::Precision<W>;
-  using Fixed = gflow::Exchanger<Pr, gflow::Fusion<(4u << 20)>, Topo, Overlap<gflow::Funneled>>;
-  using Tuned = gflow::Exchanger<Pr, gflow::Fusion<gflow::Auto>, Topo, Overlap<gflow::Funneled>>;
+  using Fixed = typename gflow::Exchanger<Pr, gflow::Fusion<(4u << 20)>, Topo, Overlap<gflow::Funneled>>::template on<gflow::mpi::transport>;
+  using Tuned = typename gflow::Exchanger<Pr, gflow::Fusion<gflow::Auto>, Topo, Overlap<gflow::Funneled>>::template on<gflow::mpi::transport>;
   constexpr bool hybrid = !std::is_same_v<Topo, gflow::Topology<gflow::Ring>>;
   const std::vector<std::size_t> sweep{64u << 10, 256u << 10, 1u << 20, 4u << 20, 16u << 20, 25u << 20, 64u << 20};
   const std::vector<std::size_t> switches =
@@ -607,44 +584,96 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
     if (sw == gflow::detail::fusion_plan::all_hierarchical) return "all hierarchical";
     return std::to_string(sw) + " B";
   };
+  constexpr int block = 3;  // timed iterations per visit, after one warm-up
+  const int rounds = std::max(2, o.iters / block);
   options cal = o;
   cal.warmup = 1;
   cal.iters = 7;
   const auto base = run_overlap_variant<gflow::Exchanger<Pr, gflow::Fusion<(4u << 20)>>>("calibration", cal, l, 0.0);
+  std::mt19937 rng(20261124);  // the same order on every rank
   for (double ratio : o.compute_ratios) {
     const double per_elem = ratio * base.exchange.median / static_cast<double>(l.total_numel());
-    std::vector<tuned_point> fixed;
-    for (std::size_t th : sweep) {
-      for (std::size_t sw : switches) {  // interleaved: a switch's runs are not all in one stretch of time
-        fixed.push_back(run_backward_only<Fixed>(o, l, per_elem, th, sw));
-        if (rank == 0)
-          std::fprintf(stderr, "  ratio %.2f: fixed %zu B%s: %.2f ms\n", ratio, th, hybrid ? (", switch " + switch_name(sw)).c_str() : "",
-                       fixed.back().it.median * 1e3);
+    gflow::exchange_options eo;
+    eo.threshold_bytes = 4u << 20;
+    gflow::mpi::transport tr(MPI_COMM_WORLD);  // one, as in a trainer: the two exchangers take turns
+    Tuned tuned(tr, l, eo);
+    Fixed fixed(tr, l, eo);
+    // 1. settle: identical on every rank (the tuner's phase is rank 0's, broadcast in finish())
+    int settled_at = -1, settled_run = 0;
+    for (int it = 0; it < 80 && settled_run <= 10; ++it) {
+      (void)backward_iteration(tuned, l, per_elem);
+      if (tuned.tuner().state() == gflow::detail::fusion_tuner::phase::settled) {
+        if (settled_run++ == 0) settled_at = it + 1;
+      } else {
+        settled_run = 0;
+        settled_at = -1;
       }
     }
-    const tuned_point tuned = run_backward_only<Tuned>(o, l, per_elem, 4u << 20);
+    if (rank == 0) std::fprintf(stderr, "  ratio %.2f: tuner settled at iteration %d on %zu B; %d interleaved rounds follow\n", ratio, settled_at, tuned.threshold_bytes(), rounds);
+    // 2. interleaved rounds: plans[0 .. n-1] fixed, n the tuner
+    struct plan_t {
+      std::size_t th, sw;
+    };
+    std::vector<plan_t> plans;
+    for (std::size_t th : sweep)
+      for (std::size_t sw : switches) plans.push_back({th, sw});
+    const std::size_t n = plans.size();
+    std::vector<std::vector<double>> times(n + 1), block_medians(n + 1);
+    std::vector<std::size_t> order(n + 1);
+    for (int r = 0; r < rounds; ++r) {
+      std::iota(order.begin(), order.end(), std::size_t{0});
+      std::shuffle(order.begin(), order.end(), rng);
+      for (std::size_t v : order) {
+        if (v < n) {
+          fixed.set_fusion(plans[v].th);
+          if constexpr (hybrid) fixed.topology().set_threshold(plans[v].sw);
+        }
+        std::vector<double> b;
+        for (int j = 0; j <= block; ++j) {
+          const double di = v < n ? backward_iteration(fixed, l, per_elem) : backward_iteration(tuned, l, per_elem);
+          if (j > 0) b.push_back(di);
+        }
+        times[v].insert(times[v].end(), b.begin(), b.end());
+        block_medians[v].push_back(summarize(b).median);
+      }
+      if (rank == 0) std::fprintf(stderr, "  ratio %.2f: round %d of %d done\n", ratio, r + 1, rounds);
+    }
     if (rank != 0) continue;
-    const tuned_point* best = &fixed.front();
+    std::vector<tuned_point> fixed_points;
+    for (std::size_t v = 0; v < n; ++v) fixed_points.push_back({plans[v].th, 0, summarize(times[v]), -1, 0, hybrid ? plans[v].sw : 0});
+    std::size_t bi = 0;
     double at25 = 1e300, at64 = 1e300;  // best over the switches at DDP's / Horovod's threshold
-    for (const auto& f : fixed) {
-      if (f.it.median < best->it.median) best = &f;
+    for (std::size_t v = 0; v < n; ++v) {
+      const auto& f = fixed_points[v];
+      if (f.it.median < fixed_points[bi].it.median) bi = v;
       if (f.threshold == (25u << 20)) at25 = std::min(at25, f.it.median);
       if (f.threshold == (64u << 20)) at64 = std::min(at64, f.it.median);
     }
-    std::fprintf(stderr, "  ratio %.2f: autotuned %zu B (first bucket %zu B%s): %.2f ms (settled at iteration %d, %zu retunes); best fixed %zu B%s: %.2f ms -> %.3f; vs 25 MiB %.3f, vs 64 MiB %.3f\n",
-                 ratio, tuned.threshold, tuned.first, hybrid ? (", switch " + switch_name(tuned.hybrid_switch)).c_str() : "", tuned.it.median * 1e3,
-                 tuned.settled_at, tuned.retunes, best->threshold, hybrid ? (", switch " + switch_name(best->hybrid_switch)).c_str() : "",
-                 best->it.median * 1e3, tuned.it.median / best->it.median, tuned.it.median / at25, tuned.it.median / at64);
+    const tuned_point& best = fixed_points[bi];
+    std::size_t sw = 0;
+    if constexpr (hybrid) sw = tuned.topology().threshold();
+    tuned_point tp{tuned.threshold_bytes(), tuned.first_bucket_bytes(), summarize(times[n]), settled_at, tuned.tuner().retunes(), sw};
+    std::vector<double> paired;
+    for (int r = 0; r < rounds; ++r) paired.push_back(block_medians[n][r] / block_medians[bi][r]);
+    tp.paired_ratio = summarize(paired).median;
+    for (const auto& f : fixed_points)
+      std::fprintf(stderr, "  ratio %.2f: fixed %zu B%s: %.2f ms\n", ratio, f.threshold, hybrid ? (", switch " + switch_name(f.hybrid_switch)).c_str() : "",
+                   f.it.median * 1e3);
+    std::fprintf(stderr, "  ratio %.2f: autotuned %zu B (first bucket %zu B%s): %.2f ms (settled at iteration %d, %zu retunes); best fixed %zu B%s: %.2f ms -> %.3f (paired %.3f); vs 25 MiB %.3f, vs 64 MiB %.3f\n",
+                 ratio, tp.threshold, tp.first, hybrid ? (", switch " + switch_name(tp.hybrid_switch)).c_str() : "", tp.it.median * 1e3,
+                 tp.settled_at, tp.retunes, best.threshold, hybrid ? (", switch " + switch_name(best.hybrid_switch)).c_str() : "",
+                 best.it.median * 1e3, tp.it.median / best.it.median, tp.paired_ratio, tp.it.median / at25, tp.it.median / at64);
     auto row = [&](const char* variant, const tuned_point& p) {
       std::printf(
           "{\"suite\":\"overlap\",\"layout\":\"%s\",\"ranks\":%d,\"variant\":\"%s\",\"strategy\":\"Funneled\",\"topology\":\"%s\",\"wire\":\"%s\","
           "\"threshold_bytes\":%zu,\"first_bucket_bytes\":%zu,\"hybrid_switch_bytes\":%zu,\"iteration_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,"
-          "\"compute_ratio\":%.3f,\"settled_at\":%d,\"retunes\":%zu,\"iterations\":%d}\n",
+          "\"compute_ratio\":%.3f,\"settled_at\":%d,\"retunes\":%zu,\"iterations\":%d,\"rounds\":%d%s}\n",
           layout_name.c_str(), P, variant, topo_name, o.wire.c_str(), p.threshold, p.first, p.hybrid_switch, p.it.median, p.it.p10, p.it.p90, ratio,
-          p.settled_at, p.retunes, p.settled_at < 0 ? o.iters : 10);
+          p.settled_at, p.retunes, rounds * block, rounds,
+          p.paired_ratio > 0 ? (",\"paired_ratio_vs_best\":" + std::to_string(p.paired_ratio)).c_str() : "");
     };
-    for (const auto& f : fixed) row("fixed", f);
-    row("autotuned", tuned);
+    for (const auto& f : fixed_points) row("fixed", f);
+    row("autotuned", tp);
     std::fflush(stdout);
   }
 }
