@@ -324,6 +324,51 @@ TEST_CASE("Fusion<Auto>: the tuner's state goes into checkpoints and comes back"
   });
 }
 
+TEST_CASE("tuner: probes are visited round-robin; one slow window is not a drift, two in a row re-tune") {
+  const Layout& l = big_layout();
+  const auto pool = plan::plan_pool(l);
+  machine m;
+  detail::fusion_tuner tu(l, pool, 4, 4u << 20);
+  double scale = 1.0;  // the machine's speed this iteration
+  auto feed = [&](int iters) {
+    for (int it = 0; it < iters; ++it) {
+      const auto cur = tu.current();
+      const auto b = plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
+      std::vector<double> red{m.iteration(l, pool, b, m.ready(l)) * scale, m.compute_s};
+      if (tu.state() != detail::fusion_tuner::phase::settled) {
+        const auto r = m.ready(l);
+        red.insert(red.end(), r.begin(), r.end());
+        for (const auto& bk : b) red.push_back(m.bucket_time(static_cast<double>(bk.count * 4)));
+      }
+      tu.observe(red, b.size());
+    }
+  };
+  // probing: every iteration a different plan until each of the 5 probes has run once
+  std::vector<std::size_t> seen;
+  for (int it = 0; it < 5; ++it) {
+    seen.push_back(tu.current().threshold);
+    feed(1);
+  }
+  std::sort(seen.begin(), seen.end());
+  CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end());
+  CHECK(tu.current().threshold == (4u << 20));  // round 2 starts with the first probe again
+  for (int it = 0; it < 50 && tu.state() != detail::fusion_tuner::phase::settled; ++it) feed(1);
+  REQUIRE(tu.state() == detail::fusion_tuner::phase::settled);
+  feed(10);  // the first window after settling: the reference
+  scale = 1.5;  // one slow window (+50%)
+  feed(10);
+  CHECK(tu.retunes() == 0);
+  scale = 1.0;
+  feed(10);  // back: still settled, nothing pending
+  CHECK(tu.retunes() == 0);
+  scale = 1.5;  // slow for two windows: a drift
+  feed(10);
+  CHECK(tu.retunes() == 0);
+  feed(10);
+  CHECK(tu.retunes() == 1);
+  CHECK(tu.state() == detail::fusion_tuner::phase::probe);
+}
+
 TEST_CASE("tuner: state round trip through the checkpoint format (settled and probing), deterministic") {
   const Layout& l = big_layout();
   const auto pool = plan::plan_pool(l);

@@ -214,19 +214,20 @@ class fusion_tuner {
         (hier ? hier_s_ : sample_s_).push_back(bucket[b]);
       }
     }
-    times_.push_back(it_s);
     spans_.push_back(span_s);
-    if (times_.size() < static_cast<std::size_t>(s_.iterations_per_plan)) return;
-    const double m = median(times_);
-    times_.clear();
     if (phase_ == phase::probe) {
-      if (m < best_measured_) {
-        best_measured_ = m;
-        best_probe_ = current_;
-      }
-      if (++probe_index_ < probes_.size()) {
-        current_ = probes_[probe_index_];
-        return;
+      // Round-robin, one iteration per visit: a drift of the machine while probing lands on every
+      // probe alike (a probe's iterations in one stretch let a slow stretch decide the choice).
+      probe_times_[probe_index_].push_back(it_s);
+      if (++probe_index_ == probes_.size()) probe_index_ = 0;
+      current_ = probes_[probe_index_];
+      if (probe_index_ != 0 || probe_times_[0].size() < static_cast<std::size_t>(s_.iterations_per_plan)) return;
+      for (std::size_t i = 0; i < probes_.size(); ++i) {
+        const double m = median(probe_times_[i]);
+        if (m < best_measured_) {
+          best_measured_ = m;
+          best_probe_ = probes_[i];
+        }
       }
       // every probe measured: fit, model, verify the choice
       fit_ = sample_s_.empty() ? plan::alpha_beta{} : plan::fit_alpha_beta(sample_bytes_, sample_s_);
@@ -243,13 +244,17 @@ class fusion_tuner {
       return;
     }
     // verify: keep the faster of the model's choice and the best probe
+    times_.push_back(it_s);
+    if (times_.size() < static_cast<std::size_t>(s_.iterations_per_plan)) return;
+    const double m = median(times_);
+    times_.clear();
     if (m <= best_measured_) settle(current_, m);
     else settle(best_probe_, best_measured_);
   }
 
   /// Settled: one window's medians of the iteration time and of the backward's span. The first
-  /// window gives the reference (a median of `window`, not of a probe's few); a later one that
-  /// moved by more than `drift` starts a new probe.
+  /// window gives the reference (a median of `window`, not of a probe's few); two windows in a
+  /// row that moved by more than `drift` start a new probe.
   void settled_window(double iteration_s, double span_s) {
     if (ref_iteration_ <= 0) {
       ref_iteration_ = iteration_s;
@@ -258,10 +263,14 @@ class fusion_tuner {
     }
     const bool moved = std::abs(iteration_s - ref_iteration_) > s_.drift * ref_iteration_ ||
                        (ref_span_ > 0 && std::abs(span_s - ref_span_) > s_.drift * ref_span_);
-    if (moved) {
+    // Two windows in a row: one slow stretch of a shared machine is not a drift (a single moved
+    // window re-tuned 4 of 30 settled runs of bench/run overlap --autotune on 2 shared cores).
+    if (moved && drift_seen_) {
       ++retunes_;
       restart();
+      return;
     }
+    drift_seen_ = moved;
   }
 
   /// The plan among the candidates that minimises the modelled completion.
@@ -381,6 +390,7 @@ class fusion_tuner {
     best_probe_ = probes_[0];
     ready_sum_.clear();
     ready_count_ = 0;
+    probe_times_.assign(probes_.size(), {});
     sample_bytes_.clear();
     sample_s_.clear();
     hier_bytes_.clear();
@@ -389,6 +399,7 @@ class fusion_tuner {
     spans_.clear();
     window_it_.clear();
     window_span_.clear();
+    drift_seen_ = false;
     seen_ = 0;
   }
   // Settled: one iteration into the drift window; when it is full, its medians (iteration time,
@@ -408,6 +419,7 @@ class fusion_tuner {
     current_ = p;
     ref_iteration_ = 0;  // set by the first settled window
     ref_span_ = 0;
+    drift_seen_ = false;
     spans_.clear();
   }
   static double span_of(const std::vector<double>& r) {
@@ -433,8 +445,10 @@ class fusion_tuner {
   plan::alpha_beta fit_{}, fit_hier_{};
   std::vector<double> ready_sum_;
   std::size_t ready_count_ = 0;
+  std::vector<std::vector<double>> probe_times_;  // probe: each probe's iteration times so far
   std::vector<double> sample_bytes_, sample_s_, hier_bytes_, hier_s_, times_, spans_, window_it_, window_span_, packed_;
   double ref_iteration_ = 0, ref_span_ = 0;
+  bool drift_seen_ = false;  // settled: the last window moved by more than drift
   std::uint64_t retunes_ = 0, seen_ = 0;
 };
 
