@@ -35,6 +35,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <optional>
 #include <string>
 #include <thread>
@@ -189,6 +190,14 @@ void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
   gflow::kernels::combine_wire<gflow::reduce_op::sum>(static_cast<const W*>(in), static_cast<W*>(inout), static_cast<std::size_t>(*len));
 }
 
+// The hand-written average, out of line and 64-byte aligned like gflow's kernels::scale_in_place:
+// inline, the same loop took 158 or 170 us per resnet20 iteration (2 ranks) depending on where
+// unrelated edits to this file put it, which moved gflow / mpi_bucketed by 7% between builds with
+// gflow's own time unchanged (docs/BENCHMARKS.md, "Code placement").
+[[gnu::noinline, gnu::aligned(64)]] void hand_scale(float* a, std::size_t n, float s) {
+  for (std::size_t i = 0; i < n; ++i) a[i] *= s;
+}
+
 struct hand_written {
   MPI_Datatype t16 = MPI_DATATYPE_NULL;
   MPI_Op op_half = MPI_OP_NULL, op_bf16 = MPI_OP_NULL;
@@ -208,7 +217,7 @@ struct hand_written {
     const float inv = 1.0f / static_cast<float>(P);
     if (fmt == "fp32") {
       MPI_Allreduce(MPI_IN_PLACE, pool + off, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-      for (std::size_t i = 0; i < n; ++i) pool[off + i] *= inv;
+      hand_scale(pool + off, n, inv);
     } else if (fmt == "fp16") {
       auto* w = static_cast<gflow::half*>(wire) + off;
       gflow::kernels::scale_to_wire(pool + off, w, n, inv);
@@ -541,8 +550,21 @@ overlap_result run_overlap_variant(const char* name, const options& o, const gfl
 // warm-up and 3 timed iterations each. A plan's time is the median of its timed iterations over
 // all rounds, so a drift of the machine over the minutes a sweep takes lands on every plan alike
 // instead of on whichever ran in that stretch (one fixed plan after another, then the tuner, made
-// the same plan differ by up to 50% between a sweep and the tuner's run). The fixed plans run on
-// one exchanger re-planned with set_fusion (and Hybrid's set_threshold) between blocks.
+// the same plan differ by up to 50% between a sweep and the tuner's run).
+// Every visit constructs its exchanger afresh: a Fixed one at the plan, or a Fusion<Auto> one
+// restored from the tuner's checkpoint (saved again after the visit). An exchanger's speed
+// depends on where its 100-500 MB pool landed in memory: a second exchanger of the same type at
+// the same plan ran 3-23% faster than one constructed earlier, the per-bucket average over the
+// pool alone 20% faster (docs/BENCHMARKS.md, "the same plan at two speeds"); with one instance per
+// variant for the whole run that placement decided the comparison. A new pool per visit draws it
+// anew each time, for every variant alike. The pools hold the same non-zero values on every rank
+// (an average of equal values leaves them unchanged), as a backward would write, not zero pages.
+// The restored tuner stays settled on its plan; a drift window (10 iterations) does not complete
+// within a visit of 4, so the rounds time the settled plan, not re-tuning.
+// The noise floor: the settled tuner is visited twice per round, as two variants. The ratio of
+// the two (repeat_ratio: medians; repeat_paired: median over rounds) is what two measurements of
+// the very same thing differ by in this run; a gap to the best fixed plan smaller than that is not
+// resolved by the run.
 struct tuned_point {
   std::size_t threshold, first;
   stats it;
@@ -595,22 +617,46 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
     const double per_elem = ratio * base.exchange.median / static_cast<double>(l.total_numel());
     gflow::exchange_options eo;
     eo.threshold_bytes = 4u << 20;
-    gflow::mpi::transport tr(MPI_COMM_WORLD);  // one, as in a trainer: the two exchangers take turns
-    Tuned tuned(tr, l, eo);
-    Fixed fixed(tr, l, eo);
+    gflow::mpi::transport tr(MPI_COMM_WORLD);  // one, as in a trainer: the exchangers take turns
+    // non-zero gradients, the same on every rank, written once per exchanger (outside the timing)
+    auto fill = [&](auto& ex) {
+      float* p = ex.pool_data();
+      for (std::size_t i = 0; i < ex.pool_size(); ++i) p[i] = 0.25f + static_cast<float>(i % 1021) * 0x1p-10f;
+    };
     // 1. settle: identical on every rank (the tuner's phase is rank 0's, broadcast in finish())
+    std::string checkpoint;
     int settled_at = -1, settled_run = 0;
-    for (int it = 0; it < 80 && settled_run <= 10; ++it) {
-      (void)backward_iteration(tuned, l, per_elem);
-      if (tuned.tuner().state() == gflow::detail::fusion_tuner::phase::settled) {
-        if (settled_run++ == 0) settled_at = it + 1;
-      } else {
-        settled_run = 0;
-        settled_at = -1;
+    {
+      Tuned tuned(tr, l, eo);
+      fill(tuned);
+      for (int it = 0; it < 80 && settled_run <= 10; ++it) {
+        (void)backward_iteration(tuned, l, per_elem);
+        if (tuned.tuner().state() == gflow::detail::fusion_tuner::phase::settled) {
+          if (settled_run++ == 0) settled_at = it + 1;
+        } else {
+          settled_run = 0;
+          settled_at = -1;
+        }
+      }
+      std::ostringstream out;
+      tuned.save_state(out);
+      checkpoint = out.str();
+      if (rank == 0) {
+        // what it chose from: each probe's median (ms) and the model's choice
+        const auto& tn = tuned.tuner();
+        std::string probes;
+        for (std::size_t i = 0; i < tn.probed_plans().size(); ++i) {
+          std::vector<double> t = tn.probe_times()[i];
+          char b[96];
+          std::snprintf(b, sizeof b, "%s%zu B%s %.1f", i ? ", " : "", tn.probed_plans()[i].threshold,
+                        hybrid ? (" " + switch_name(tn.probed_plans()[i].hybrid_switch)).c_str() : "", t.empty() ? 0.0 : summarize(t).median * 1e3);
+          probes += b;
+        }
+        std::fprintf(stderr, "  ratio %.2f: tuner settled at iteration %d on %zu B (probes, median ms: %s; the model chose %zu B, first %zu B); %d interleaved rounds follow\n",
+                     ratio, settled_at, tuned.threshold_bytes(), probes.c_str(), tn.model_choice().threshold, tn.model_choice().first, rounds);
       }
     }
-    if (rank == 0) std::fprintf(stderr, "  ratio %.2f: tuner settled at iteration %d on %zu B; %d interleaved rounds follow\n", ratio, settled_at, tuned.threshold_bytes(), rounds);
-    // 2. interleaved rounds: plans[0 .. n-1] fixed, n the tuner
+    // 2. interleaved rounds: plans[0 .. n-1] fixed, n the tuner; a fresh exchanger every visit
     struct plan_t {
       std::size_t th, sw;
     };
@@ -618,23 +664,42 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
     for (std::size_t th : sweep)
       for (std::size_t sw : switches) plans.push_back({th, sw});
     const std::size_t n = plans.size();
-    std::vector<std::vector<double>> times(n + 1), block_medians(n + 1);
-    std::vector<std::size_t> order(n + 1);
+    std::vector<std::vector<double>> times(n + 2), block_medians(n + 2);  // n: the tuner, n + 1: the tuner again
+    std::vector<std::size_t> order(n + 2);
+    std::size_t tuned_threshold = 0, tuned_first = 0, tuned_switch = 0, tuned_retunes = 0;
+    auto visit = [&](auto& ex, std::size_t v) {
+      fill(ex);
+      std::vector<double> b;
+      for (int j = 0; j <= block; ++j) {
+        const double di = backward_iteration(ex, l, per_elem);
+        if (j > 0) b.push_back(di);
+      }
+      times[v].insert(times[v].end(), b.begin(), b.end());
+      block_medians[v].push_back(summarize(b).median);
+    };
     for (int r = 0; r < rounds; ++r) {
       std::iota(order.begin(), order.end(), std::size_t{0});
       std::shuffle(order.begin(), order.end(), rng);
       for (std::size_t v : order) {
         if (v < n) {
-          fixed.set_fusion(plans[v].th);
+          gflow::exchange_options fo;
+          fo.threshold_bytes = plans[v].th;
+          Fixed fixed(tr, l, fo);
           if constexpr (hybrid) fixed.topology().set_threshold(plans[v].sw);
+          visit(fixed, v);
+        } else {
+          Tuned tuned(tr, l, eo);
+          std::istringstream in(checkpoint);
+          tuned.load_state(in);
+          visit(tuned, v);  // v = n or n + 1
+          std::ostringstream out;
+          tuned.save_state(out);
+          checkpoint = out.str();
+          tuned_threshold = tuned.threshold_bytes();
+          tuned_first = tuned.first_bucket_bytes();
+          tuned_retunes = tuned.tuner().retunes();
+          if constexpr (hybrid) tuned_switch = tuned.topology().threshold();
         }
-        std::vector<double> b;
-        for (int j = 0; j <= block; ++j) {
-          const double di = v < n ? backward_iteration(fixed, l, per_elem) : backward_iteration(tuned, l, per_elem);
-          if (j > 0) b.push_back(di);
-        }
-        times[v].insert(times[v].end(), b.begin(), b.end());
-        block_medians[v].push_back(summarize(b).median);
       }
       if (rank == 0) std::fprintf(stderr, "  ratio %.2f: round %d of %d done\n", ratio, r + 1, rounds);
     }
@@ -650,12 +715,13 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
       if (f.threshold == (64u << 20)) at64 = std::min(at64, f.it.median);
     }
     const tuned_point& best = fixed_points[bi];
-    std::size_t sw = 0;
-    if constexpr (hybrid) sw = tuned.topology().threshold();
-    tuned_point tp{tuned.threshold_bytes(), tuned.first_bucket_bytes(), summarize(times[n]), settled_at, tuned.tuner().retunes(), sw};
+    tuned_point tp{tuned_threshold, tuned_first, summarize(times[n]), settled_at, tuned_retunes, tuned_switch};
     std::vector<double> paired;
     for (int r = 0; r < rounds; ++r) paired.push_back(block_medians[n][r] / block_medians[bi][r]);
     tp.paired_ratio = summarize(paired).median;
+    std::vector<double> repeat;
+    for (int r = 0; r < rounds; ++r) repeat.push_back(block_medians[n + 1][r] / block_medians[n][r]);
+    const double repeat_ratio = summarize(times[n + 1]).median / tp.it.median, repeat_paired = summarize(repeat).median;
     for (const auto& f : fixed_points)
       std::fprintf(stderr, "  ratio %.2f: fixed %zu B%s: %.2f ms\n", ratio, f.threshold, hybrid ? (", switch " + switch_name(f.hybrid_switch)).c_str() : "",
                    f.it.median * 1e3);
@@ -663,6 +729,8 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
                  ratio, tp.threshold, tp.first, hybrid ? (", switch " + switch_name(tp.hybrid_switch)).c_str() : "", tp.it.median * 1e3,
                  tp.settled_at, tp.retunes, best.threshold, hybrid ? (", switch " + switch_name(best.hybrid_switch)).c_str() : "",
                  best.it.median * 1e3, tp.it.median / best.it.median, tp.paired_ratio, tp.it.median / at25, tp.it.median / at64);
+    std::fprintf(stderr, "  ratio %.2f: noise floor: the settled tuner visited again in every round: %.3f of the first (paired %.3f)\n", ratio, repeat_ratio,
+                 repeat_paired);
     auto row = [&](const char* variant, const tuned_point& p) {
       std::printf(
           "{\"suite\":\"overlap\",\"layout\":\"%s\",\"ranks\":%d,\"variant\":\"%s\",\"strategy\":\"Funneled\",\"topology\":\"%s\",\"wire\":\"%s\","
@@ -670,7 +738,9 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
           "\"compute_ratio\":%.3f,\"settled_at\":%d,\"retunes\":%zu,\"iterations\":%d,\"rounds\":%d%s}\n",
           layout_name.c_str(), P, variant, topo_name, o.wire.c_str(), p.threshold, p.first, p.hybrid_switch, p.it.median, p.it.p10, p.it.p90, ratio,
           p.settled_at, p.retunes, rounds * block, rounds,
-          p.paired_ratio > 0 ? (",\"paired_ratio_vs_best\":" + std::to_string(p.paired_ratio)).c_str() : "");
+          p.paired_ratio > 0 ? (",\"paired_ratio_vs_best\":" + std::to_string(p.paired_ratio) + ",\"repeat_ratio\":" + std::to_string(repeat_ratio) +
+                                ",\"repeat_paired\":" + std::to_string(repeat_paired)).c_str()
+                             : "");
     };
     for (const auto& f : fixed_points) row("fixed", f);
     row("autotuned", tp);

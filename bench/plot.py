@@ -221,8 +221,8 @@ def autotune_table(rows, out=None):
             return ""
         return ", all ring" if sw == 1 else ", all hier." if sw >= (1 << 63) else ", switch " + kib(sw)
 
-    print("| layout | ranks | topology | compute ratio | best fixed (ms) | at | 25 MiB (ms) | 64 MiB (ms) | auto-tuned (ms) | its plan | settled at | auto / best | paired | auto / 25 MiB | auto / 64 MiB |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| layout | ranks | topology | compute ratio | best fixed (ms) | at | 25 MiB (ms) | 64 MiB (ms) | auto-tuned (ms) | its plan | settled at | auto / best | paired | noise floor | auto / 25 MiB | auto / 64 MiB |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (layout, ranks, topo, ratio), rs in sorted(groups.items()):
         fixed = [r for r in rs if r["variant"] == "fixed"]
         auto = [r for r in rs if r["variant"] == "autotuned"]
@@ -235,10 +235,12 @@ def autotune_table(rows, out=None):
         f64 = min((r for r in fixed if r["threshold_bytes"] == 64 << 20), key=lambda r: r["iteration_s"])
         # paired: the median over interleaved rounds of the tuner's / the best plan's time in that round
         paired = "%.3f" % a["paired_ratio_vs_best"] if "paired_ratio_vs_best" in a else "—"
-        print("| %s | %d | %s | %.1f | %.1f | %s%s | %.1f | %.1f | %.1f | %s%s | %d | %.3f | %s | %.3f | %.3f |" % (
+        # noise floor: the settled tuner measured twice in every round, the second / the first (medians)
+        noise = "%.3f" % a["repeat_ratio"] if "repeat_ratio" in a else "—"
+        print("| %s | %d | %s | %.1f | %.1f | %s%s | %.1f | %.1f | %.1f | %s%s | %d | %.3f | %s | %s | %.3f | %.3f |" % (
             layout, ranks, topo, ratio, best["iteration_s"] * 1e3, kib(best["threshold_bytes"]), switch(best), f25["iteration_s"] * 1e3,
             f64["iteration_s"] * 1e3, a["iteration_s"] * 1e3, kib(a["threshold_bytes"]), switch(a), a["settled_at"],
-            a["iteration_s"] / best["iteration_s"], paired, a["iteration_s"] / f25["iteration_s"], a["iteration_s"] / f64["iteration_s"]))
+            a["iteration_s"] / best["iteration_s"], paired, noise, a["iteration_s"] / f25["iteration_s"], a["iteration_s"] / f64["iteration_s"]))
 
 
 def model_report(rows, out=None):

@@ -354,6 +354,20 @@ TEST_CASE("tuner: probes are visited round-robin; one slow window is not a drift
   CHECK(tu.current().threshold == (4u << 20));  // round 2 starts with the first probe again
   for (int it = 0; it < 50 && tu.state() != detail::fusion_tuner::phase::settled; ++it) feed(1);
   REQUIRE(tu.state() == detail::fusion_tuner::phase::settled);
+  // what it chose from, for reports: the 5 probes, each with its 5 iteration times; the settled
+  // plan is the model's choice or the probe whose median was fastest
+  REQUIRE(tu.probed_plans().size() == 5);
+  REQUIRE(tu.probe_times().size() == 5);
+  std::size_t fastest = 0;
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  for (std::size_t i = 0; i < 5; ++i) {
+    CHECK(tu.probe_times()[i].size() == 5);
+    if (med(tu.probe_times()[i]) < med(tu.probe_times()[fastest])) fastest = i;
+  }
+  CHECK((tu.current() == tu.model_choice() || tu.current() == tu.probed_plans()[fastest]));
   feed(10);  // the first window after settling: the reference
   scale = 1.5;  // one slow window (+50%)
   feed(10);

@@ -90,6 +90,11 @@ class fusion_tuner {
   [[nodiscard]] const plan::alpha_beta& fitted_hierarchical() const noexcept { return fit_hier_; }
   [[nodiscard]] bool tunes_hybrid_switch() const noexcept { return hybrid_; }
   [[nodiscard]] std::uint64_t retunes() const noexcept { return retunes_; }
+  /// The last probe phase, for reports: each probed plan with its iteration times (the slowest
+  /// rank's, in visiting order), and the plan the model chose from them.
+  [[nodiscard]] std::span<const fusion_plan> probed_plans() const noexcept { return probes_; }
+  [[nodiscard]] std::span<const std::vector<double>> probe_times() const noexcept { return probe_times_; }
+  [[nodiscard]] fusion_plan model_choice() const noexcept { return model_choice_; }
   /// Iterations observed since the last (re)start of probing.
   [[nodiscard]] std::uint64_t iterations_in_phase() const noexcept { return seen_; }
 
