@@ -263,6 +263,14 @@ stats summarize(std::vector<double> v) {
   return {q(0.5), q(0.1), q(0.9)};
 }
 
+// The median over paired samples of a[i] / b[i] (iterations or rounds measured seconds apart, so a
+// drift of the machine cancels).
+double paired_median(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> r(a.size());
+  for (std::size_t i = 0; i < r.size(); ++i) r[i] = a[i] / b[i];
+  return summarize(std::move(r)).median;
+}
+
 template <class E>
 using on_mpi = typename E::template on<gflow::mpi::transport>;
 
@@ -447,9 +455,7 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
   for (auto& v : vs) {
     out.push_back({v.name, v.name == "mpi_per_tensor" || v.name == "mpi_whole" ? 0 : threshold, v.collectives, summarize(v.times)});
     if (hand != nullptr && v.name.rfind("gflow", 0) == 0) {
-      std::vector<double> r(v.times.size());
-      for (std::size_t i = 0; i < r.size(); ++i) r[i] = v.times[i] / hand->times[i];
-      out.back().paired_ratio = summarize(r).median;
+      out.back().paired_ratio = paired_median(v.times, hand->times);
     }
   }
   return out;
@@ -646,7 +652,7 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
         const auto& tn = tuned.tuner();
         std::string probes;
         for (std::size_t i = 0; i < tn.probed_plans().size(); ++i) {
-          std::vector<double> t = tn.probe_times()[i];
+          const auto& t = tn.probe_times()[i];
           char b[96];
           std::snprintf(b, sizeof b, "%s%zu B%s %.1f", i ? ", " : "", tn.probed_plans()[i].threshold,
                         hybrid ? (" " + switch_name(tn.probed_plans()[i].hybrid_switch)).c_str() : "", t.empty() ? 0.0 : summarize(t).median * 1e3);
@@ -716,12 +722,8 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
     }
     const tuned_point& best = fixed_points[bi];
     tuned_point tp{tuned_threshold, tuned_first, summarize(times[n]), settled_at, tuned_retunes, tuned_switch};
-    std::vector<double> paired;
-    for (int r = 0; r < rounds; ++r) paired.push_back(block_medians[n][r] / block_medians[bi][r]);
-    tp.paired_ratio = summarize(paired).median;
-    std::vector<double> repeat;
-    for (int r = 0; r < rounds; ++r) repeat.push_back(block_medians[n + 1][r] / block_medians[n][r]);
-    const double repeat_ratio = summarize(times[n + 1]).median / tp.it.median, repeat_paired = summarize(repeat).median;
+    tp.paired_ratio = paired_median(block_medians[n], block_medians[bi]);
+    const double repeat_ratio = summarize(times[n + 1]).median / tp.it.median, repeat_paired = paired_median(block_medians[n + 1], block_medians[n]);
     for (const auto& f : fixed_points)
       std::fprintf(stderr, "  ratio %.2f: fixed %zu B%s: %.2f ms\n", ratio, f.threshold, hybrid ? (", switch " + switch_name(f.hybrid_switch)).c_str() : "",
                    f.it.median * 1e3);

@@ -63,6 +63,23 @@ double best_fixed(const machine& m, const Layout& l, const plan::pool_plan& pool
     best = std::min(best, m.iteration(l, pool, plan::plan_buckets(l, pool, {4, th, 0}), r));
   return best;
 }
+
+// Feeds the tuner `iters` iterations of machine m under its current plan, as the exchanger would
+// after all_reduce (iteration time scaled by `scale`, the backward's span; while probing or
+// verifying, the ready times and the bucket times too).
+void feed(detail::fusion_tuner& tu, const machine& m, const Layout& l, const plan::pool_plan& pool, int iters, double scale = 1.0) {
+  for (int it = 0; it < iters; ++it) {
+    const auto cur = tu.current();
+    const auto b = plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
+    std::vector<double> red{m.iteration(l, pool, b, m.ready(l)) * scale, m.compute_s};
+    if (tu.state() != detail::fusion_tuner::phase::settled) {
+      const auto r = m.ready(l);
+      red.insert(red.end(), r.begin(), r.end());
+      for (const auto& bk : b) red.push_back(m.bucket_time(static_cast<double>(bk.count * 4)));
+    }
+    tu.observe(red, b.size());
+  }
+}
 }  // namespace
 
 TEST_CASE("cost model: the alpha-beta fit recovers a line, clamps negatives, rejects bad samples") {
@@ -330,19 +347,7 @@ TEST_CASE("tuner: probes are visited round-robin; one slow window is not a drift
   machine m;
   detail::fusion_tuner tu(l, pool, 4, 4u << 20);
   double scale = 1.0;  // the machine's speed this iteration
-  auto feed = [&](int iters) {
-    for (int it = 0; it < iters; ++it) {
-      const auto cur = tu.current();
-      const auto b = plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
-      std::vector<double> red{m.iteration(l, pool, b, m.ready(l)) * scale, m.compute_s};
-      if (tu.state() != detail::fusion_tuner::phase::settled) {
-        const auto r = m.ready(l);
-        red.insert(red.end(), r.begin(), r.end());
-        for (const auto& bk : b) red.push_back(m.bucket_time(static_cast<double>(bk.count * 4)));
-      }
-      tu.observe(red, b.size());
-    }
-  };
+  auto feed = [&](int iters) { ::feed(tu, m, l, pool, iters, scale); };
   // probing: every iteration a different plan until each of the 5 probes has run once
   std::vector<std::size_t> seen;
   for (int it = 0; it < 5; ++it) {
@@ -387,19 +392,7 @@ TEST_CASE("tuner: state round trip through the checkpoint format (settled and pr
   const Layout& l = big_layout();
   const auto pool = plan::plan_pool(l);
   machine m;
-  auto feed = [&](detail::fusion_tuner& tu, int iters) {
-    for (int it = 0; it < iters; ++it) {
-      const auto cur = tu.current();
-      const auto b = plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
-      std::vector<double> red{m.iteration(l, pool, b, m.ready(l)), m.compute_s};
-      if (tu.state() != detail::fusion_tuner::phase::settled) {
-        const auto r = m.ready(l);
-        red.insert(red.end(), r.begin(), r.end());
-        for (const auto& bk : b) red.push_back(m.bucket_time(static_cast<double>(bk.count * 4)));
-      }
-      tu.observe(red, b.size());
-    }
-  };
+  auto feed = [&](detail::fusion_tuner& tu, int iters) { ::feed(tu, m, l, pool, iters); };
   detail::fusion_tuner a(l, pool, 4, 4u << 20);
   feed(a, 40);  // settled by then (5 probes x 5 + verify 5 <= 30)
   REQUIRE(a.state() == detail::fusion_tuner::phase::settled);
