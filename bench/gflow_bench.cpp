@@ -648,18 +648,28 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
       tuned.save_state(out);
       checkpoint = out.str();
       if (rank == 0) {
-        // what it chose from: each probe's median (ms) and the model's choice
+        // what it chose from: each probe's median (ms) and paired score, the model's choice, and
+        // the final rounds' plans with their paired scores (the lowest settled)
         const auto& tn = tuned.tuner();
-        std::string probes;
+        auto plan_name = [&](const gflow::detail::fusion_plan& p) {
+          return std::to_string(p.threshold) + " B" + (p.first ? " first " + std::to_string(p.first) + " B" : "") +
+                 (hybrid ? " " + switch_name(p.hybrid_switch) : "");
+        };
+        const auto scores = gflow::detail::fusion_tuner::paired_scores({tn.probe_times().begin(), tn.probe_times().end()});
+        std::string probes, finals;
         for (std::size_t i = 0; i < tn.probed_plans().size(); ++i) {
           const auto& t = tn.probe_times()[i];
-          char b[96];
-          std::snprintf(b, sizeof b, "%s%zu B%s %.1f", i ? ", " : "", tn.probed_plans()[i].threshold,
-                        hybrid ? (" " + switch_name(tn.probed_plans()[i].hybrid_switch)).c_str() : "", t.empty() ? 0.0 : summarize(t).median * 1e3);
-          probes += b;
+          char b[48];
+          std::snprintf(b, sizeof b, " %.1f ms (%.3f)", t.empty() ? 0.0 : summarize(t).median * 1e3, scores[i]);
+          probes += (i ? ", " : "") + plan_name(tn.probed_plans()[i]) + b;
         }
-        std::fprintf(stderr, "  ratio %.2f: tuner settled at iteration %d on %zu B (probes, median ms: %s; the model chose %zu B, first %zu B); %d interleaved rounds follow\n",
-                     ratio, settled_at, tuned.threshold_bytes(), probes.c_str(), tn.model_choice().threshold, tn.model_choice().first, rounds);
+        for (std::size_t i = 0; i < tn.final_plans().size(); ++i) {
+          char b[24];
+          std::snprintf(b, sizeof b, " %.3f", tn.final_scores()[i]);
+          finals += (i ? ", " : "") + plan_name(tn.final_plans()[i]) + b;
+        }
+        std::fprintf(stderr, "  ratio %.2f: tuner settled at iteration %d on %zu B (probes, median and paired score: %s; the model chose %s; final rounds: %s); %d interleaved rounds follow\n",
+                     ratio, settled_at, tuned.threshold_bytes(), probes.c_str(), plan_name(tn.model_choice()).c_str(), finals.c_str(), rounds);
       }
     }
     // 2. interleaved rounds: plans[0 .. n-1] fixed, n the tuner; a fresh exchanger every visit

@@ -315,7 +315,7 @@ TEST_CASE("Fusion<Auto>: the tuner's state goes into checkpoints and comes back"
   using E = Exchanger<Fusion<Auto>, Overlap<Funneled>>;
   std::vector<std::vector<std::size_t>> th;
   std::vector<std::string> saved;
-  autotuned_run<E>(2, 35, th, &saved, 34);  // settled by then (5 probes x 5 + verify 5 <= 30)
+  autotuned_run<E>(2, 40, th, &saved, 39);  // settled by then (5 probes x 3 rounds + at most 4 plans x 5 rounds = 35)
   const Layout l = Layout::from_sizes({3000, 70, 10240, 640, 10, 5130, 20480, 50, 900, 40000, 12, 8000});
   inproc::run(2, [&](inproc::transport& t) {
     E::on<inproc::transport> a(t, l);
@@ -359,20 +359,24 @@ TEST_CASE("tuner: probes are visited round-robin; one slow window is not a drift
   CHECK(tu.current().threshold == (4u << 20));  // round 2 starts with the first probe again
   for (int it = 0; it < 50 && tu.state() != detail::fusion_tuner::phase::settled; ++it) feed(1);
   REQUIRE(tu.state() == detail::fusion_tuner::phase::settled);
-  // what it chose from, for reports: the 5 probes, each with its 5 iteration times; the settled
-  // plan is the model's choice or the probe whose median was fastest
+  // what it chose from, for reports: the 5 probes with 3 rounds of times each; the final rounds
+  // ran the 3 best-scored probes and the model's choice (when it was not one of them), and the
+  // settled plan is the one of those with the lowest paired score
   REQUIRE(tu.probed_plans().size() == 5);
   REQUIRE(tu.probe_times().size() == 5);
-  std::size_t fastest = 0;
-  auto med = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  for (std::size_t i = 0; i < 5; ++i) {
-    CHECK(tu.probe_times()[i].size() == 5);
-    if (med(tu.probe_times()[i]) < med(tu.probe_times()[fastest])) fastest = i;
+  for (std::size_t i = 0; i < 5; ++i) CHECK(tu.probe_times()[i].size() == 3);
+  const auto probe_scores = detail::fusion_tuner::paired_scores({tu.probe_times().begin(), tu.probe_times().end()});
+  const auto finals = tu.final_plans();
+  REQUIRE(tu.final_scores().size() == finals.size());
+  CHECK((finals.size() == 3 || finals.size() == 4));
+  CHECK(std::find(finals.begin(), finals.end(), tu.model_choice()) != finals.end());
+  for (std::size_t i = 0; i < 5; ++i) {  // a probe outside the finals scored no better than every probe inside
+    if (std::find(finals.begin(), finals.end(), tu.probed_plans()[i]) != finals.end()) continue;
+    for (std::size_t j = 0; j < 5; ++j)
+      if (std::find(finals.begin(), finals.end(), tu.probed_plans()[j]) != finals.end()) CHECK(probe_scores[j] <= probe_scores[i]);
   }
-  CHECK((tu.current() == tu.model_choice() || tu.current() == tu.probed_plans()[fastest]));
+  const auto won = static_cast<std::size_t>(std::min_element(tu.final_scores().begin(), tu.final_scores().end()) - tu.final_scores().begin());
+  CHECK(tu.current() == finals[won]);
   feed(10);  // the first window after settling: the reference
   scale = 1.5;  // one slow window (+50%)
   feed(10);
@@ -388,13 +392,60 @@ TEST_CASE("tuner: probes are visited round-robin; one slow window is not a drift
   CHECK(tu.state() == detail::fusion_tuner::phase::probe);
 }
 
+TEST_CASE("tuner: plans are scored paired per round; under heavy-tailed noise the final rounds settle near the best") {
+  // scores: a round-wide slowdown cancels; a plan 10% slower in every round scores 1.1x the others
+  const std::vector<std::vector<double>> t{{1.0, 2.0, 0.5}, {1.1, 2.2, 0.55}, {1.0, 2.0, 0.5}};
+  const auto sc = detail::fusion_tuner::paired_scores(t);
+  CHECK(sc[0] == doctest::Approx(sc[2]));
+  CHECK(sc[1] == doctest::Approx(1.1 * sc[0]));
+  CHECK(sc[0] == doctest::Approx(3.0 / 3.1));  // over the round's mean
+  // a plan missing from a round (NaN) is scored on the rounds it ran in
+  const double nan = std::nan("");
+  const auto sm = detail::fusion_tuner::paired_scores({{nan, 1.0, 1.0}, {nan, 1.0, 1.0}, {5.0, 1.0, 1.0}});
+  CHECK(sm[0] == doctest::Approx(1.0));
+  CHECK(sm[2] == doctest::Approx(1.0));
+  // The tuner on an exchange-bound machine (the plans differ) with heavy-tailed noise: every
+  // iteration +-3%, one in four 1.5x slower (the slow stretches of a shared machine). The model's
+  // choice there crosses the 16 MiB cache cliff its line cannot see (~1.9x the best): the final
+  // rounds must measure it out. Over 40 seeds it settles within 35 iterations, within 3% of the
+  // best fixed plan in at least 36 and never beyond 5%.
+  const Layout& l = big_layout();
+  const auto pool = plan::plan_pool(l);
+  machine m;
+  m.compute_s = 0.004;
+  const auto r = m.ready(l);
+  auto true_time = [&](const detail::fusion_plan& p) { return m.iteration(l, pool, plan::plan_buckets(l, pool, {4, p.threshold, p.first}), r); };
+  const double best = best_fixed(m, l, pool);
+  int near = 0;
+  double worst_chosen = 0, worst_model = 1e300;
+  for (unsigned seed = 0; seed < 40; ++seed) {
+    detail::fusion_tuner tu(l, pool, 4, 4u << 20);
+    std::mt19937 rng(seed);
+    std::bernoulli_distribution spike(0.25);
+    std::uniform_real_distribution<double> jitter(0.97, 1.03);
+    int it = 0;
+    for (; it < 60 && tu.state() != detail::fusion_tuner::phase::settled; ++it) feed(tu, m, l, pool, 1, jitter(rng) * (spike(rng) ? 1.5 : 1.0));
+    REQUIRE(tu.state() == detail::fusion_tuner::phase::settled);
+    CHECK(it <= 35);
+    const double chosen = true_time(tu.current());
+    near += chosen <= best * 1.03;
+    worst_chosen = std::max(worst_chosen, chosen);
+    worst_model = std::min(worst_model, true_time(tu.model_choice()));
+  }
+  MESSAGE("within 3% of the best fixed (" << best << " s): " << near << " of 40; the worst chosen " << worst_chosen / best
+                                          << "x; the model's choice at least " << worst_model / best << "x");
+  CHECK(worst_model > best * 1.5);  // the model's choice would have cost 50%+ here
+  CHECK(near >= 36);
+  CHECK(worst_chosen <= best * 1.05);
+}
+
 TEST_CASE("tuner: state round trip through the checkpoint format (settled and probing), deterministic") {
   const Layout& l = big_layout();
   const auto pool = plan::plan_pool(l);
   machine m;
   auto feed = [&](detail::fusion_tuner& tu, int iters) { ::feed(tu, m, l, pool, iters); };
   detail::fusion_tuner a(l, pool, 4, 4u << 20);
-  feed(a, 40);  // settled by then (5 probes x 5 + verify 5 <= 30)
+  feed(a, 40);  // settled by then (5 probes x 3 rounds + at most 4 plans x 5 rounds = 35)
   REQUIRE(a.state() == detail::fusion_tuner::phase::settled);
   std::stringstream ss;
   detail::checkpoint_writer w(ss);
@@ -414,7 +465,7 @@ TEST_CASE("tuner: state round trip through the checkpoint format (settled and pr
   CHECK(b.state() == a.state());
   // a tuner saved mid-probe restarts its probe from the initial plan
   detail::fusion_tuner c(l, pool, 4, 4u << 20);
-  feed(c, 6);  // into the second probe (5 iterations per plan)
+  feed(c, 6);  // round 2 of the probes, at the second one
   REQUIRE(c.state() == detail::fusion_tuner::phase::probe);
   REQUIRE(c.current().threshold != (4u << 20));
   std::stringstream s2;
@@ -550,7 +601,7 @@ TEST_CASE("Fusion<Auto> + Topology<Hybrid>: the exchanger runs the tuner's switc
   using E = Exchanger<Fusion<Auto>, Topology<Hybrid<(1u << 20), 2>>, Overlap<Funneled>>;
   std::vector<std::vector<std::size_t>> th;
   std::vector<std::string> saved;
-  autotuned_run<E>(4, 52, th, &saved, 51);  // 8 probes x 5 + verify 5 <= 45
+  autotuned_run<E>(4, 52, th, &saved, 51);  // 8 probes x 3 rounds + at most 4 plans x 5 rounds = 44
   for (std::size_t r = 1; r < th.size(); ++r) {
     CHECK(th[r] == th[0]);
     CHECK(seen_switch[r] == seen_switch[0]);

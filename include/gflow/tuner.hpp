@@ -6,14 +6,17 @@
 // After every finish() the exchanger hands the tuner this rank's measurements of the iteration:
 // when each tensor became ready (since the iteration's first ready()), how long each bucket's
 // exchange took, and the iteration's time. The tuner
-//   1. probes: runs a few fixed thresholds (the initial one, 64 KiB, 256 KiB, 1 MiB, 16 MiB), five
-//      iterations each, collecting (bucket bytes, seconds) and the ready times;
+//   1. probes: runs a few fixed thresholds (the initial one, 64 KiB, 256 KiB, 1 MiB, 16 MiB)
+//      round-robin, one iteration per visit, for 3 rounds, collecting (bucket bytes, seconds) and
+//      the ready times; each probe is scored paired, by the median over the rounds of its time
+//      over that round's mean (a slow stretch of the machine lands on a whole round);
 //   2. fits alpha + beta * bytes to the bucket times (plan/cost_model.hpp) and picks the
 //      threshold (2^16 ... 2^28 bytes) and first bucket that minimise the modelled completion of
 //      the iteration: buckets launch when the ready prefix covers them and run one after another
 //      on the issuing thread, so bucket b ends at max(launch_b, end_{b-1}) + alpha + beta * bytes_b;
-//   3. verifies: runs the model's choice and keeps it, or the fastest probe if that measured
-//      faster (the model cannot see e.g. a bucket falling out of the cache);
+//   3. verifies (successive halving): the 3 best-scored probes and the model's choice run 5 more
+//      rounds and the best paired score wins (the model cannot see e.g. a bucket falling out of
+//      the cache; a probe's few raw medians let noise pick a plan 11-36% slower);
 //   With Topology<Hybrid<switch, g>> it also tunes the switch (messages below it go hierarchical,
 //   the others ring): the probes then run the fusion probes with every bucket on the ring and
 //   three of them with every bucket hierarchical, one line is fitted to each, and the model
@@ -21,8 +24,8 @@
 //   the ring line (Hybrid can only send the small messages hierarchically);
 //   4. settles, and watches: each rank keeps its own window of `window` iterations (no collective
 //      in between); at its end the window's medians of the iteration time and of the backward's
-//      span are reduced (max). The first window gives the reference; when a later window moves by
-//      more than `drift` from it, it probes again.
+//      span are reduced (max). The first window gives the reference; when two windows in a row
+//      move by more than `drift` from it, it probes again.
 // Identical on every rank by construction: the measurements are first reduced (max) over the
 // ranks, so every rank runs the same state machine on the same numbers, and the plan to use next
 // is then broadcast from rank 0 and applied by every rank (Horovod #1282 desynchronised buckets
@@ -50,9 +53,11 @@ struct tuner_settings {
   // Topology<Hybrid> only: the fusion thresholds probed again with every bucket hierarchical (the
   // probes above then run with every bucket on the ring)
   std::vector<std::size_t> hierarchical_probes{std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20};
-  // per probe and for the verification; the median counts (3 let a 7%-slower threshold win on noise
-  // on 2 shared cores: docs/BENCHMARKS.md, auto-tuner)
-  int iterations_per_plan = 5;
+  // Rounds over every probe, then over the `contenders` best-scored probes plus the model's
+  // choice: 3 + 5 rounds settle in 30-35 iterations (the 8 plans of a Hybrid tuner: 39-44).
+  int probe_rounds = 3;
+  int final_rounds = 5;
+  std::size_t contenders = 3;
   int window = 10;              // settled: iterations per drift check
   double drift = 0.2;           // relative change that triggers a new probe
   std::size_t min_threshold = std::size_t{64} << 10;
@@ -69,8 +74,10 @@ class fusion_tuner {
   fusion_tuner(const Layout& layout, const plan::pool_plan& pool, std::size_t wire_bytes, std::size_t initial, tuner_settings s = {},
                std::size_t hybrid_switch = 0)
       : layout_(&layout), pool_(&pool), wire_(wire_bytes), s_(std::move(s)), hybrid_(hybrid_switch != 0) {
-    if (s_.iterations_per_plan < 1 || s_.window < 1 || !(s_.drift > 0) || s_.min_threshold == 0 || s_.max_threshold < s_.min_threshold)
-      throw invalid_argument("tuner_settings", "iterations_per_plan and window must be >= 1, drift > 0 and 0 < min_threshold <= max_threshold.",
+    if (s_.probe_rounds < 1 || s_.final_rounds < 1 || s_.contenders < 1 || s_.window < 1 || !(s_.drift > 0) || s_.min_threshold == 0 ||
+        s_.max_threshold < s_.min_threshold)
+      throw invalid_argument("tuner_settings",
+                             "probe_rounds, final_rounds, contenders and window must be >= 1, drift > 0 and 0 < min_threshold <= max_threshold.",
                              "keep the defaults or pass positive numbers.");
     auto add = [&](fusion_plan p) {
       if (p.threshold > 0 && std::find(probes_.begin(), probes_.end(), p) == probes_.end()) probes_.push_back(p);
@@ -91,10 +98,13 @@ class fusion_tuner {
   [[nodiscard]] bool tunes_hybrid_switch() const noexcept { return hybrid_; }
   [[nodiscard]] std::uint64_t retunes() const noexcept { return retunes_; }
   /// The last probe phase, for reports: each probed plan with its iteration times (the slowest
-  /// rank's, in visiting order), and the plan the model chose from them.
+  /// rank's, in visiting order), the plan the model chose, and the final rounds' contenders with
+  /// their paired scores (1 = the round's median; the lowest settles).
   [[nodiscard]] std::span<const fusion_plan> probed_plans() const noexcept { return probes_; }
   [[nodiscard]] std::span<const std::vector<double>> probe_times() const noexcept { return probe_times_; }
   [[nodiscard]] fusion_plan model_choice() const noexcept { return model_choice_; }
+  [[nodiscard]] std::span<const fusion_plan> final_plans() const noexcept { return finals_; }
+  [[nodiscard]] std::span<const double> final_scores() const noexcept { return final_scores_; }
   /// Iterations observed since the last (re)start of probing.
   [[nodiscard]] std::uint64_t iterations_in_phase() const noexcept { return seen_; }
 
@@ -164,41 +174,65 @@ class fusion_tuner {
       }
     }
     spans_.push_back(span_s);
-    if (phase_ == phase::probe) {
-      // Round-robin, one iteration per visit: a drift of the machine while probing lands on every
-      // probe alike (a probe's iterations in one stretch let a slow stretch decide the choice).
-      probe_times_[probe_index_].push_back(it_s);
-      if (++probe_index_ == probes_.size()) probe_index_ = 0;
-      current_ = probes_[probe_index_];
-      if (probe_index_ != 0 || probe_times_[0].size() < static_cast<std::size_t>(s_.iterations_per_plan)) return;
-      for (std::size_t i = 0; i < probes_.size(); ++i) {
-        const double m = median(probe_times_[i]);
-        if (m < best_measured_) {
-          best_measured_ = m;
-          best_probe_ = probes_[i];
-        }
-      }
-      // every probe measured: fit, model, verify the choice
-      fit_ = sample_s_.empty() ? plan::alpha_beta{} : plan::fit_alpha_beta(sample_bytes_, sample_s_);
-      fit_hier_ = hier_s_.empty() ? plan::alpha_beta{} : plan::fit_alpha_beta(hier_bytes_, hier_s_);
-      std::vector<double> ready_mean(n);
-      for (std::size_t i = 0; i < n; ++i) ready_mean[i] = ready_sum_[i] / static_cast<double>(ready_count_);
-      model_choice_ = best_model_plan(ready_mean);
-      if (std::find(probes_.begin(), probes_.end(), model_choice_) != probes_.end()) {
-        settle(best_probe_, best_measured_);  // the model's choice was a probe: keep the one measured fastest
-        return;
-      }
-      phase_ = phase::verify;
-      current_ = model_choice_;
+    // probe and verify: rounds over the phase's plans, one iteration per visit, so that a drift of
+    // the machine lands on every plan alike (a plan's iterations in one stretch let a slow stretch
+    // decide the choice)
+    const bool probing = phase_ == phase::probe;
+    auto& plans = probing ? probes_ : finals_;
+    auto& times = probing ? probe_times_ : final_times_;
+    times[probe_index_].push_back(it_s);
+    if (++probe_index_ == plans.size()) probe_index_ = 0;
+    current_ = plans[probe_index_];
+    if (probe_index_ != 0 || times[0].size() < static_cast<std::size_t>(s_.probe_rounds + (probing ? 0 : s_.final_rounds))) return;
+    const auto scores = paired_scores(times);
+    std::vector<std::size_t> order(plans.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return scores[a] < scores[b]; });
+    best_probe_ = plans[order[0]];
+    best_measured_ = scores[order[0]];
+    if (!probing) {
+      final_scores_ = scores;
+      settle(best_probe_, best_measured_);
       return;
     }
-    // verify: keep the faster of the model's choice and the best probe
-    times_.push_back(it_s);
-    if (times_.size() < static_cast<std::size_t>(s_.iterations_per_plan)) return;
-    const double m = median(times_);
-    times_.clear();
-    if (m <= best_measured_) settle(current_, m);
-    else settle(best_probe_, best_measured_);
+    // every probe measured: fit, model, and the final rounds among the best probes and the model's choice
+    fit_ = sample_s_.empty() ? plan::alpha_beta{} : plan::fit_alpha_beta(sample_bytes_, sample_s_);
+    fit_hier_ = hier_s_.empty() ? plan::alpha_beta{} : plan::fit_alpha_beta(hier_bytes_, hier_s_);
+    std::vector<double> ready_mean(n);
+    for (std::size_t i = 0; i < n; ++i) ready_mean[i] = ready_sum_[i] / static_cast<double>(ready_count_);
+    model_choice_ = best_model_plan(ready_mean);
+    finals_.clear();
+    for (std::size_t k = 0; k < order.size() && k < s_.contenders; ++k) finals_.push_back(probes_[order[k]]);
+    if (std::find(finals_.begin(), finals_.end(), model_choice_) == finals_.end()) finals_.push_back(model_choice_);
+    if (finals_.size() == 1) {
+      final_scores_.assign(1, 1.0);
+      settle(finals_[0], best_measured_);
+      return;
+    }
+    // the probes' rounds count for the probes among them (NaN: the model's choice did not run then)
+    final_times_.assign(finals_.size(), std::vector<double>(static_cast<std::size_t>(s_.probe_rounds), std::nan("")));
+    for (std::size_t k = 0; k < order.size() && k < s_.contenders; ++k) final_times_[k] = probe_times_[order[k]];
+    final_scores_.clear();
+    phase_ = phase::verify;
+    current_ = finals_[0];
+  }
+
+  /// Each plan's paired score over rounds: the median over the rounds of its time over the mean
+  /// of that round's times (round k: every plan's k-th time; NaN: the plan did not run in it).
+  [[nodiscard]] static std::vector<double> paired_scores(const std::vector<std::vector<double>>& times) {
+    std::vector<double> out(times.size(), 0.0), round;
+    std::vector<std::vector<double>> per(times.size());
+    for (std::size_t k = 0; k < times[0].size(); ++k) {
+      round.clear();
+      for (const auto& t : times)
+        if (!std::isnan(t[k])) round.push_back(t[k]);
+      double m = 0;  // the round's mean (its median made the middle plan of every round score exactly 1)
+      for (double v : round) m += v / static_cast<double>(round.size());
+      for (std::size_t i = 0; i < times.size(); ++i)
+        if (!std::isnan(times[i][k])) per[i].push_back(m > 0 ? times[i][k] / m : 1.0);
+    }
+    for (std::size_t i = 0; i < times.size(); ++i) out[i] = per[i].empty() ? 1.0 : median(per[i]);
+    return out;
   }
 
   /// Settled: one window's medians of the iteration time and of the backward's span. The first
@@ -340,11 +374,12 @@ class fusion_tuner {
     ready_sum_.clear();
     ready_count_ = 0;
     probe_times_.assign(probes_.size(), {});
+    finals_.clear();
+    final_times_.clear();
     sample_bytes_.clear();
     sample_s_.clear();
     hier_bytes_.clear();
     hier_s_.clear();
-    times_.clear();
     spans_.clear();
     window_it_.clear();
     window_span_.clear();
@@ -394,8 +429,10 @@ class fusion_tuner {
   plan::alpha_beta fit_{}, fit_hier_{};
   std::vector<double> ready_sum_;
   std::size_t ready_count_ = 0;
-  std::vector<std::vector<double>> probe_times_;  // probe: each probe's iteration times so far
-  std::vector<double> sample_bytes_, sample_s_, hier_bytes_, hier_s_, times_, spans_, window_it_, window_span_, packed_;
+  std::vector<std::vector<double>> probe_times_, final_times_;  // probe / verify: each plan's iteration times so far
+  std::vector<fusion_plan> finals_;  // verify: the best-scored probes and the model's choice
+  std::vector<double> final_scores_;
+  std::vector<double> sample_bytes_, sample_s_, hier_bytes_, hier_s_, spans_, window_it_, window_span_, packed_;
   double ref_iteration_ = 0, ref_span_ = 0;
   bool drift_seen_ = false;  // settled: the last window moved by more than drift
   std::uint64_t retunes_ = 0, seen_ = 0;
