@@ -655,12 +655,11 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
           return std::to_string(p.threshold) + " B" + (p.first ? " first " + std::to_string(p.first) + " B" : "") +
                  (hybrid ? " " + switch_name(p.hybrid_switch) : "");
         };
-        const auto scores = gflow::detail::fusion_tuner::paired_scores({tn.probe_times().begin(), tn.probe_times().end()});
         std::string probes, finals;
         for (std::size_t i = 0; i < tn.probed_plans().size(); ++i) {
           const auto& t = tn.probe_times()[i];
           char b[48];
-          std::snprintf(b, sizeof b, " %.1f ms (%.3f)", t.empty() ? 0.0 : summarize(t).median * 1e3, scores[i]);
+          std::snprintf(b, sizeof b, " %.1f ms (%.3f)", t.empty() ? 0.0 : summarize(t).median * 1e3, tn.probe_scores()[i]);
           probes += (i ? ", " : "") + plan_name(tn.probed_plans()[i]) + b;
         }
         for (std::size_t i = 0; i < tn.final_plans().size(); ++i) {

@@ -98,10 +98,11 @@ class fusion_tuner {
   [[nodiscard]] bool tunes_hybrid_switch() const noexcept { return hybrid_; }
   [[nodiscard]] std::uint64_t retunes() const noexcept { return retunes_; }
   /// The last probe phase, for reports: each probed plan with its iteration times (the slowest
-  /// rank's, in visiting order), the plan the model chose, and the final rounds' contenders with
-  /// their paired scores (1 = the round's median; the lowest settles).
+  /// rank's, in visiting order) and paired score, the plan the model chose, and the final rounds'
+  /// contenders with their paired scores (1 = the round's mean; the lowest settles).
   [[nodiscard]] std::span<const fusion_plan> probed_plans() const noexcept { return probes_; }
   [[nodiscard]] std::span<const std::vector<double>> probe_times() const noexcept { return probe_times_; }
+  [[nodiscard]] std::span<const double> probe_scores() const noexcept { return probe_scores_; }
   [[nodiscard]] fusion_plan model_choice() const noexcept { return model_choice_; }
   [[nodiscard]] std::span<const fusion_plan> final_plans() const noexcept { return finals_; }
   [[nodiscard]] std::span<const double> final_scores() const noexcept { return final_scores_; }
@@ -190,8 +191,8 @@ class fusion_tuner {
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return scores[a] < scores[b]; });
     best_probe_ = plans[order[0]];
     best_measured_ = scores[order[0]];
+    (probing ? probe_scores_ : final_scores_) = scores;
     if (!probing) {
-      final_scores_ = scores;
       settle(best_probe_, best_measured_);
       return;
     }
@@ -201,17 +202,22 @@ class fusion_tuner {
     std::vector<double> ready_mean(n);
     for (std::size_t i = 0; i < n; ++i) ready_mean[i] = ready_sum_[i] / static_cast<double>(ready_count_);
     model_choice_ = best_model_plan(ready_mean);
+    // the probes' rounds count for the probes among them (NaN: the model's choice did not run then)
     finals_.clear();
-    for (std::size_t k = 0; k < order.size() && k < s_.contenders; ++k) finals_.push_back(probes_[order[k]]);
-    if (std::find(finals_.begin(), finals_.end(), model_choice_) == finals_.end()) finals_.push_back(model_choice_);
+    final_times_.clear();
+    for (std::size_t k = 0; k < order.size() && k < s_.contenders; ++k) {
+      finals_.push_back(probes_[order[k]]);
+      final_times_.push_back(probe_times_[order[k]]);
+    }
+    if (std::find(finals_.begin(), finals_.end(), model_choice_) == finals_.end()) {
+      finals_.push_back(model_choice_);
+      final_times_.emplace_back(static_cast<std::size_t>(s_.probe_rounds), std::nan(""));
+    }
     if (finals_.size() == 1) {
       final_scores_.assign(1, 1.0);
       settle(finals_[0], best_measured_);
       return;
     }
-    // the probes' rounds count for the probes among them (NaN: the model's choice did not run then)
-    final_times_.assign(finals_.size(), std::vector<double>(static_cast<std::size_t>(s_.probe_rounds), std::nan("")));
-    for (std::size_t k = 0; k < order.size() && k < s_.contenders; ++k) final_times_[k] = probe_times_[order[k]];
     final_scores_.clear();
     phase_ = phase::verify;
     current_ = finals_[0];
@@ -374,6 +380,7 @@ class fusion_tuner {
     ready_sum_.clear();
     ready_count_ = 0;
     probe_times_.assign(probes_.size(), {});
+    probe_scores_.clear();
     finals_.clear();
     final_times_.clear();
     sample_bytes_.clear();
@@ -431,7 +438,7 @@ class fusion_tuner {
   std::size_t ready_count_ = 0;
   std::vector<std::vector<double>> probe_times_, final_times_;  // probe / verify: each plan's iteration times so far
   std::vector<fusion_plan> finals_;  // verify: the best-scored probes and the model's choice
-  std::vector<double> final_scores_;
+  std::vector<double> probe_scores_, final_scores_;
   std::vector<double> sample_bytes_, sample_s_, hier_bytes_, hier_s_, spans_, window_it_, window_span_, packed_;
   double ref_iteration_ = 0, ref_span_ = 0;
   bool drift_seen_ = false;  // settled: the last window moved by more than drift
