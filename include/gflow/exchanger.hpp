@@ -11,6 +11,11 @@
 // Policies may come in any order; missing families take defaults (fp32 wire, no fusion, dense,
 // ring, no overlap). The exchange plan (pool offsets, buckets) is computed once from the layout;
 // an iteration allocates nothing and makes no virtual call.
+//
+// Training-loop features (docs/DESIGN.md, "Training loops"): no_sync() accumulates micro-batches
+// before one exchange; exchange_options::find_unused exchanges unmarked tensors as zeros;
+// exchange_options::learn_order lays the pool out in rank 0's observed ready() order; join()
+// (exchange_options::uneven_inputs) shadows the others' iterations once a rank runs out of data.
 #include <cstddef>
 #include <cstdint>
 #include <istream>
@@ -29,6 +34,8 @@
 #include "engines/context.hpp"
 #include "engines/host_backend.hpp"
 #include "exchanger/runners.hpp"
+#include "exchanger/iteration.hpp"
+#include "exchanger/training_loop.hpp"
 #include "exchanger/policy_set.hpp"
 #include "error.hpp"
 #include "layout.hpp"
@@ -41,7 +48,7 @@
 namespace gflow {
 
 template <class T, class Set>
-class basic_exchanger {
+class basic_exchanger : private detail::iteration_state {
   static_assert(transport<T>,
                 "gflow::Exchanger<...>::on<T>: T is not a gflow transport. Use gflow::mpi::transport, "
                 "gflow::nccl::transport, gflow::inproc::transport or gflow::mock::transport, or give T every member "
@@ -77,12 +84,11 @@ class basic_exchanger {
   using wire_type = wire_t;
 
   basic_exchanger(T& t, Layout layout, exchange_options opt = {})
-      : t_(&t), layout_(verified(t, std::move(layout), opt)), opt_(opt), pool_(plan::plan_pool(layout_)),
+      : detail::iteration_state(layout.size(), t.size(), opt.learn_order), t_(&t), layout_(verified(t, std::move(layout), opt)), opt_(opt), pool_(plan::plan_pool(layout_)),
         grads_(pool_.total), kernels_(t), engine_(t) {
-    ready_.assign(layout_.size(), 0);
     plan(opt_.threshold_bytes.value_or(Set::fusion::threshold_bytes),
          opt_.first_bucket_bytes.value_or(Set::fusion::first_bucket_bytes), /*allow_zero=*/!opt_.threshold_bytes);
-    cx_ = context_t{t_, &engine_, &kernels_, &layout_, &pool_, &buckets_, grads_.data(), opt_.average, &iteration_, &threshold_, &trace_};
+    cx_ = context_t{t_, &engine_, &kernels_, &layout_, &pool_, &buckets_, grads_.data(), opt_.average, &iteration_, &threshold_, &trace_, &contributors_};
     sparsifier_.emplace(cx_);
     runner_.emplace(cx_, *sparsifier_);
     if constexpr (autotuned) start_tuner();
@@ -102,16 +108,17 @@ class basic_exchanger {
 
   // ---- one iteration -----------------------------------------------------------------------
   /// Tensor i's gradient is complete in its view. Any order; exactly once per iteration.
+  /// Inside a no_sync() scope it only notes that the view holds accumulated gradient.
   void ready(std::size_t i) {
     check_index(i, "ready");
-    if (ready_[i])
-      throw usage_error("ready", "tensor " + std::to_string(i) + " ('" + layout_[i].name + "') was marked ready twice in iteration " +
-                                     std::to_string(iteration_) + ".",
-                        "call ready(i) once per tensor per iteration; finish() starts the next iteration.");
-    ready_[i] = 1;
-    if (trace_) [[unlikely]] trace_ready(i);
-    ++ready_count_;
-    advance();
+    if (no_sync_depth_ > 0) {
+      held_[i] = 1;
+      accumulated_ = true;
+      return;
+    }
+    if (ready_[i]) throw detail::double_ready_error(layout_, i, iteration_);
+    if (ready_count_ == 0) detail::training_loop::begin_iteration(*this);
+    mark(i, by_trainer);
   }
 
   /// Copying path for a gradient that lives elsewhere (same memory space as the transport).
@@ -122,28 +129,26 @@ class basic_exchanger {
                                            " elements; tensor " + std::to_string(i) + " ('" + layout_[i].name + "') has " +
                                            std::to_string(layout_[i].numel) + ".",
                              "pass a span of exactly the tensor's element count.");
-    if (ready_[i]) ready(i);  // reports the double ready before anything is overwritten
+    if (ready_[i] && no_sync_depth_ == 0) ready(i);  // reports the double ready before anything is overwritten
     kernels_.order_after_producer();  // device: the copy waits for the producer stream
-    kernels_.copy(grads_.data() + pool_.offset[i], source.data(), source.size());
+    float* dst = grads_.data() + pool_.offset[i];
+    if (held_[i]) kernels_.add(dst, source.data(), source.size());  // accumulation (no_sync): adds to what the view holds
+    else kernels_.copy(dst, source.data(), source.size());
     ready(i);
   }
 
   /// Completes the iteration; the averaged (or summed) gradients are then in the views,
   /// identical on every rank. Check status.finite() before applying them.
   [[nodiscard]] exchange_status finish() {
+    if (no_sync_depth_ > 0) throw detail::finish_in_no_sync_error();
     const std::int64_t finish_begin = trace_ ? timeline::now_ns() : 0;
-    if (ready_count_ != layout_.size()) {
-      std::size_t first = 0;
-      while (ready_[first]) ++first;
-      throw usage_error("finish", std::to_string(layout_.size() - ready_count_) + " of " + std::to_string(layout_.size()) +
-                                      " tensors are not ready in iteration " + std::to_string(iteration_) + "; the first is tensor " +
-                                      std::to_string(first) + " ('" + layout_[first].name + "').",
-                        "call ready(i) for every tensor of the layout before finish().");
-    }
+    if (ready_count_ != layout_.size()) detail::training_loop::complete_missing(*this);
     try {
+      if (learning_) detail::training_loop::learn_order(*this);
       runner_->drain();  // every bucket exchanged (issuing threads), or their first error
+      if (opt_.find_unused) detail::training_loop::gather_unused(*this);
     } catch (...) {
-      reset_iteration();
+      next_iteration();
       throw;
     }
     sparsifier_->end_iteration();
@@ -155,15 +160,36 @@ class basic_exchanger {
     else
       st.collectives = buckets_.size();
     st.wire_bytes = sparsifier_->wire_bytes();
+    st.contributors = contributors_;
+    if (!unused_.empty()) st.unused = unused_;
     if (trace_) [[unlikely]] trace_finish(finish_begin);
-    reset_iteration();
+    next_iteration();
     if constexpr (autotuned) tune();
     return st;
   }
 
+  // ---- training loops (docs/DESIGN.md, "Training loops") --------------------------------------
+  /// Gradient accumulation: while the no_sync_scope lives, ready() exchanges and sends nothing and
+  /// the views keep what backward writes or adds into them (ready(i, source) adds). The first
+  /// iteration after the scope exchanges the accumulated sum as usual. Scopes nest.
+  [[nodiscard]] no_sync_scope no_sync() {
+    if (ready_count_ != 0 && no_sync_depth_ == 0) throw detail::mid_iteration_error("no_sync", ready_count_, layout_.size(), iteration_);
+    return no_sync_scope(no_sync_depth_);
+  }
+
+  /// Uneven inputs (exchange_options::uneven_inputs): a rank with no more data calls join(). It
+  /// shadows the other ranks' iterations with zero contributions (they average over the ranks
+  /// that contributed) and returns once every rank has called it.
+  join_status join() { return detail::training_loop::join(*this); }
+
+  /// Counts the re-layouts of the pool (learn_order, load_state): views obtained before a change
+  /// of generation() point at other tensors' gradients; take them again.
+  [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
+
   // ---- tuning and introspection ------------------------------------------------------------
   /// Re-plans the buckets (between iterations only; every rank must pass the same numbers).
   void set_fusion(std::size_t threshold_bytes, std::size_t first_bucket_bytes = 0) {
+    if (ready_count_ != 0) throw detail::set_fusion_mid_iteration_error(iteration_);
     plan(threshold_bytes, first_bucket_bytes, false);
     sparsifier_->replan();
     runner_->replan();
@@ -223,12 +249,14 @@ class basic_exchanger {
   /// only (usage_error otherwise); every rank saves its own (residuals differ per rank).
   void save_state(std::ostream& out) const {
     between_iterations("save_state");
+    outside_accumulation("save_state");
     detail::checkpoint_writer w(out);
     detail::write_checkpoint_header(w, identity_for_checkpoint());
     w.tag(detail::section_tag("EXCH"));
     w.u64(iteration_);
     w.u64(threshold_);
     w.u64(first_bucket_);
+    write_order(w, pool_.tensor_at);
     w.tag(detail::section_tag("TOPO"));
     if constexpr (topology_has_state) engine_.save_state(w);
     w.tag(detail::section_tag("SPRS"));
@@ -249,15 +277,14 @@ class basic_exchanger {
   /// whole checkpoint is read and validated before anything is applied).
   void load_state(std::istream& in) {
     between_iterations("load_state");
+    outside_accumulation("load_state");
     detail::checkpoint_reader r(in);
     detail::read_checkpoint_header(r, identity_for_checkpoint(), layout_);
     r.expect_tag(detail::section_tag("EXCH"), "EXCH");
     const std::uint64_t iteration = r.u64("iteration");
     const std::uint64_t threshold = r.u64("threshold_bytes");
     const std::uint64_t first = r.u64("first_bucket_bytes");
-    std::optional<std::vector<plan::bucket>> buckets;
-    if (threshold != threshold_ || first != first_bucket_)
-      buckets = plan::plan_buckets(layout_, pool_, {sizeof(wire_t), static_cast<std::size_t>(threshold), static_cast<std::size_t>(first)});
+    const saved_order saved = read_order(r);
     r.expect_tag(detail::section_tag("TOPO"), "TOPO");
     auto topo = [&] {
       if constexpr (topology_has_state) return engine_.read_state(r);
@@ -274,14 +301,15 @@ class basic_exchanger {
       }
     }();
     r.verify_checksum("payload");
+    check_order_option(saved);
+    const std::vector<std::size_t> order = saved.order.empty() ? plan::reverse_order(layout_.size()) : saved.order;
     // Everything is read and valid: apply it.
-    if (buckets) {
-      buckets_ = std::move(*buckets);
+    if (threshold != threshold_ || first != first_bucket_ || order != pool_.tensor_at) {
       threshold_ = static_cast<std::size_t>(threshold);
       first_bucket_ = static_cast<std::size_t>(first);
-      sparsifier_->replan();
-      runner_->replan();
+      detail::training_loop::relayout(*this, order);
     }
+    learning_ = opt_.learn_order && saved.order.empty();
     if constexpr (topology_has_state) engine_.restore_state(topo);
     else (void)topo;
     sparsifier_->restore_state(std::move(sparse));
@@ -295,13 +323,15 @@ class basic_exchanger {
   }
 
  private:
+  friend struct detail::training_loop;
   // The cross-rank check (exchanger/consistency.hpp), run first: before the topology's splits or
   // any other collective, so ranks that disagree fail instead of hanging.
   static Layout verified(T& t, Layout layout, const exchange_options& opt) {
     if (opt.verify)
       detail::verify_consistency(t, layout, detail::composition_name<Set>(),
                                  {opt.threshold_bytes.value_or(Set::fusion::threshold_bytes),
-                                  opt.first_bucket_bytes.value_or(Set::fusion::first_bucket_bytes), opt.average});
+                                  opt.first_bucket_bytes.value_or(Set::fusion::first_bucket_bytes), opt.average, opt.find_unused,
+                                  opt.learn_order, opt.uneven_inputs});
     return layout;
   }
 
@@ -311,17 +341,9 @@ class basic_exchanger {
     return detail::make_checkpoint_identity<Set>(layout_, t_->rank(), t_->size(), pool_.total);
   }
 
-  void between_iterations(const char* what) const {
-    if (ready_count_ != 0)
-      throw usage_error(what, std::string(what) + " was called in the middle of iteration " + std::to_string(iteration_) + " (" +
-                                  std::to_string(ready_count_) + " of " + std::to_string(layout_.size()) + " tensors ready).",
-                        "save or load the state between finish() and the next ready().");
-  }
+  void between_iterations(const char* what) const { iteration_state::between_iterations(layout_, what); }
 
   void plan(std::size_t threshold, std::size_t first, bool allow_zero) {
-    if (ready_count_ != 0)
-      throw usage_error("set_fusion", "called in the middle of iteration " + std::to_string(iteration_) + ".",
-                        "change the fusion threshold between finish() and the next ready().");
     if (threshold == 0 && !allow_zero)
       throw invalid_argument("threshold_bytes", "the fusion threshold must be positive (got 0).",
                              "pass a byte count such as 4 << 20; to exchange one collective per tensor, leave Fusion out.");
@@ -330,11 +352,16 @@ class basic_exchanger {
     buckets_ = plan::plan_buckets(layout_, pool_, {sizeof(wire_t), threshold, first});
   }
 
-  void check_index(std::size_t i, const char* where) const {
-    if (i >= layout_.size())
-      throw invalid_argument("tensor", std::string(where) + "(" + std::to_string(i) + "): index out of range; the layout has " +
-                                           std::to_string(layout_.size()) + " tensors.",
-                             "pass a layout index in [0, " + std::to_string(layout_.size()) + "), forward order.");
+  void check_index(std::size_t i, const char* where) const { iteration_state::check_index(layout_, i, where); }
+
+  // Tensor i is ready: by the trainer's ready(i), or filled by the exchanger (training_loop.hpp).
+  // While the order is being learned nothing launches before finish().
+  void mark(std::size_t i, std::uint8_t how) {
+    ready_[i] = how;
+    if (trace_) [[unlikely]] trace_ready(i);
+    ++ready_count_;
+    if (learning_) order_.push_back(i);
+    else advance();
   }
 
   // Launch every bucket the contiguous ready prefix now covers, in pool order.
@@ -388,13 +415,6 @@ class basic_exchanger {
       if (p.hybrid_switch != engine_.threshold()) engine_.set_threshold(p.hybrid_switch);
   }
 
-  void reset_iteration() {
-    std::fill(ready_.begin(), ready_.end(), std::uint8_t{0});
-    ready_count_ = 0;
-    prefix_pos_ = 0;
-    next_bucket_ = 0;
-    ++iteration_;
-  }
 
   T* t_;
   Layout layout_;
@@ -407,13 +427,8 @@ class basic_exchanger {
   context_t cx_{};
   std::optional<sparsifier_t> sparsifier_;
   std::optional<runner_t> runner_;  // last: its issuing threads stop before anything they use goes
-  std::vector<std::uint8_t> ready_;
-  std::size_t ready_count_ = 0;
-  std::size_t prefix_pos_ = 0;
-  std::size_t next_bucket_ = 0;
   std::size_t threshold_ = 0;
   std::size_t first_bucket_ = 0;  // as planned (for checkpoints)
-  std::uint64_t iteration_ = 0;
   timeline* trace_ = nullptr;         // null: no timeline (one branch per hook)
   std::int64_t iteration_begin_ = 0;  // timeline: the iteration's first ready()
   // Fusion<Auto> only

@@ -394,10 +394,10 @@ TEST_CASE("checkpoint errors: foreign bytes, a newer format version, a bad strea
     const std::string good = f.str();
     {
       std::string v2 = good;
-      v2[8] = 3;  // the format version (a newer one), little-endian
+      v2[8] = 4;  // the format version (a newer one), little-endian
       const std::string msg = load_fails<parse_error>(ex, v2);
       CHECK(contains(msg, "in 'version'"));
-      CHECK(contains(msg, "format version 3; this gflow reads version 2"));
+      CHECK(contains(msg, "format version 4; this gflow reads version 3"));
     }
     {
       // A non-finite residual with a valid checksum (a hand-made file): rejected by value.
@@ -408,6 +408,7 @@ TEST_CASE("checkpoint errors: foreign bytes, a newer format version, a bad strea
       w.u64(1);
       w.u64(0);
       w.u64(0);
+      w.u64(0);  // learn_order: off
       w.tag(detail::section_tag("TOPO"));
       w.tag(detail::section_tag("SPRS"));
       w.u32(4);
@@ -450,7 +451,7 @@ TEST_CASE("checkpoint errors: save and load in the middle of an iteration are us
       } catch (const usage_error& e) {
         CHECK(e.subject() == (call == 0 ? "save_state" : "load_state"));
         CHECK(contains(e.what(), "in the middle of iteration 0 (1 of 6 tensors ready)"));
-        CHECK(contains(e.what(), "Fix: save or load the state between finish() and the next ready()."));
+        CHECK(contains(e.what(), std::string("Fix: call ") + (call == 0 ? "save_state" : "load_state") + "() between finish() and the next ready()."));
       }
     }
     for (std::size_t i = 1; i < 6; ++i) ex.ready(i);

@@ -226,8 +226,9 @@ TEST_CASE("consistency: run-time options that shape the exchange are compared") 
         },
         "exchange_options");
     for (const auto& s : msgs) {
-      CHECK(has(s, "rank 0 has threshold_bytes 1024, first_bucket_bytes 0, average true, rank 1 has threshold_bytes 1024, "
-                   "first_bucket_bytes 0, average false"));
+      CHECK(has(s, "rank 0 has threshold_bytes 1024, first_bucket_bytes 0, average true, find_unused false, learn_order false, "
+                   "uneven_inputs false, rank 1 has threshold_bytes 1024, first_bucket_bytes 0, average false, find_unused false, "
+                   "learn_order false, uneven_inputs false"));
     }
   }
   SUBCASE("fusion threshold and first bucket, resolved against the policy's") {

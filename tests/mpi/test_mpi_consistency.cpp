@@ -67,8 +67,9 @@ TEST_CASE("mpi consistency: different compositions and options are named; identi
   o.average = t.rank() == 0;
   const std::string s2 = construct<Fp32>(t, l, o);
   CHECK(has(s2, "rank mismatch in 'exchange_options'"));
-  CHECK(has(s2, "rank 0 has threshold_bytes 256, first_bucket_bytes 0, average true, rank 1 has threshold_bytes 256, "
-                "first_bucket_bytes 0, average false"));
+  CHECK(has(s2, "rank 0 has threshold_bytes 256, first_bucket_bytes 0, average true, find_unused false, learn_order false, "
+                "uneven_inputs false, rank 1 has threshold_bytes 256, first_bucket_bytes 0, average false, find_unused false, "
+                "learn_order false, uneven_inputs false"));
 
   CHECK(construct<Fp16>(t, l).empty());
 }

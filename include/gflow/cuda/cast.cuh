@@ -6,6 +6,7 @@
 //   wire_to_float<W>(in, out, n, counter, stream)      out[i] = float(in[i]); *counter += #non-finite
 //   scale_in_place(buf, n, scale, counter, stream)     buf[i] *= scale;        *counter += #non-finite
 //   count_nonfinite(buf, n, counter, stream)                                   *counter += #non-finite
+//   add_in_place(dst, src, n, stream)                  dst[i] += src[i]  (gradient accumulation)
 //
 // W is float, gflow::half or gflow::bfloat16 (same bits as __half / __nv_bfloat16). Pointers are
 // device pointers of the current device; `counter` is one device-resident unsigned long long
@@ -300,6 +301,22 @@ inline void count_nonfinite(const float* buf, std::size_t n, unsigned long long*
   // The kernel only reads buf when it does not scale.
   kernel_detail::launch(kernel_detail::scale_count_kernel<false>, kernel_detail::grid_for(cut, n), kernel_detail::block_threads, stream,
                         "launch of gflow::cuda::count_nonfinite", const_cast<float*>(buf), n, 1.0f, nonfinite_counter, cut);
+}
+
+namespace kernel_detail {
+template <class F>  // a template, as every kernel of a header: one definition per program
+__global__ void __launch_bounds__(block_threads) add_in_place_kernel(F* __restrict__ dst, const F* __restrict__ src, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = __fadd_rn(dst[i], src[i]);  // one IEEE add, as the host's dst[i] + src[i]
+}
+}  // namespace kernel_detail
+
+/// dst[i] += src[i] (the copying ready(i, source) inside a gradient-accumulation window).
+inline void add_in_place(float* dst, const float* src, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  kernel_detail::launch(kernel_detail::add_in_place_kernel<float>, kernel_detail::grid_for(n), kernel_detail::block_threads, stream,
+                        "launch of gflow::cuda::add_in_place", dst, src, n);
 }
 
 }  // namespace gflow::cuda

@@ -8,6 +8,7 @@
 //     wire_to_float(in, out, n)      out = float(in); counts non-finite results
 //     scale_in_place(buf, n, s)      buf *= s; counts non-finite results
 //     count_nonfinite(buf, n)        counts non-finite results
+//     add(dst, src, n)               dst += src
 //     copy(dst, src, n)              device to device, on the stream
 //     take_nonfinite()               the count since the last call (synchronises the stream)
 //   chunked sparse kernels (CSC), the twins of host_backend's, bitwise identical to them
@@ -171,6 +172,10 @@ struct device_backend {
       cuda::device_guard g(device_);
       cuda::check_cuda(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
                        "cudaMemcpyAsync of a gradient into the pool");
+    }
+    void add(float* dst, const float* src, std::size_t n) {
+      cuda::device_guard g(device_);
+      cuda::add_in_place(dst, src, n, stream_);
     }
     /// The non-finite count since the last call. Synchronises the stream (all work enqueued so
     /// far is complete when it returns) and resets the counter.

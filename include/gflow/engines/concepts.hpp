@@ -53,6 +53,7 @@ concept backend =
       k.scale_in_place(f, n, s);     // counts non-finite results
       k.count_nonfinite(cf, n);
       k.copy(f, cf, n);
+      k.add(f, cf, n);               // f += cf (gradient accumulation)
       { k.take_nonfinite() } -> std::convertible_to<std::size_t>;
       k.order_after_producer();
       // chunked sparse path (CSC), the kernels of kernels/sparse_chunks.hpp
@@ -68,6 +69,7 @@ concept backend =
       // the few transfers to and from the host (docs/DESIGN.md, "Device memory")
       k.download(f, cf, n);  // host f = space cf; synchronises
       k.download(u, cu, n);
+      k.fill_zero(f, n);
       k.upload(f, cf, n);    // space f = host cf
       k.upload(u, cu, n);
     };

@@ -33,6 +33,7 @@ struct exchange_context {
   const std::uint64_t* iteration;        // the exchanger's iteration counter (warm-up schedules)
   const std::size_t* threshold_bytes;    // 0: no fusion (one bucket per tensor)
   timeline* const* trace = nullptr;     // the exchanger's timeline pointer (null: off)
+  const int* contributors = nullptr;    // ranks in this iteration's sum (join()); null: every rank
 
   /// The attached timeline, or null (one load and a branch per use).
   [[nodiscard]] timeline* tracer() const noexcept { return trace ? *trace : nullptr; }
@@ -40,7 +41,10 @@ struct exchange_context {
   [[nodiscard]] bool fused() const { return *threshold_bytes != 0; }
 
   [[nodiscard]] int ranks() const { return transport->size(); }
-  [[nodiscard]] float mean_scale() const { return average ? 1.0f / static_cast<float>(transport->size()) : 1.0f; }
+  /// 1 / (ranks whose gradients are in the sum) when averaging: the job's size, fewer once ranks join().
+  [[nodiscard]] float mean_scale() const {
+    return average ? 1.0f / static_cast<float>(contributors ? *contributors : transport->size()) : 1.0f;
+  }
 
   using request = typename Topo::request;
 

@@ -13,6 +13,7 @@
 //     add_nonfinite(k)               adds k to the count (host only: for engines that count while
 //                                    they scatter, CSC)
 //     copy(dst, src, n)              src lives in the same memory space
+//     add(dst, src, n)               dst += src (gradient accumulation through ready(i, source))
 //     take_nonfinite()               the count since the last call (device: synchronises)
 //     order_after_producer()         before a bucket's work: device contexts make their stream
 //                                    wait for the trainer's producer stream (set_producer)
@@ -88,6 +89,9 @@ struct host_backend {
     void count_nonfinite(const float* buf, std::size_t n) { bad_ += kernels::count_nonfinite(buf, n); }
     void add_nonfinite(std::size_t k) { bad_ += k; }
     void copy(float* dst, const float* src, std::size_t n) { if (n && dst != src) std::memmove(dst, src, n * sizeof(float)); }
+    void add(float* dst, const float* src, std::size_t n) {
+      for (std::size_t j = 0; j < n; ++j) dst[j] += src[j];
+    }
     std::size_t take_nonfinite() { const std::size_t b = bad_; bad_ = 0; return b; }
     void order_after_producer() {}  // host gradients are complete when ready() is called
 

@@ -75,6 +75,12 @@ struct consistency_options {
   std::uint64_t threshold_bytes = 0;
   std::uint64_t first_bucket_bytes = 0;
   bool average = true;
+  bool find_unused = false;    // a finish() with missing tensors issues the same collectives on every rank
+  bool learn_order = false;    // the first iteration exchanges at finish() and broadcasts an order
+  bool uneven_inputs = false;  // every iteration starts with an all_gather of flags
+  [[nodiscard]] std::uint64_t flags() const {
+    return (average ? 1u : 0u) | (find_unused ? 2u : 0u) | (learn_order ? 4u : 0u) | (uneven_inputs ? 8u : 0u);
+  }
 };
 
 inline std::string describe_tensor(const Layout& l, std::size_t i) {
@@ -102,7 +108,7 @@ void verify_consistency(T& t, const Layout& layout, const std::string& compositi
   constexpr std::size_t H = 6;
   enum : std::size_t { k_layout, k_count, k_comp, k_threshold, k_first, k_average };
   const std::uint64_t mine[H] = {layout_fingerprint(layout), layout.size(), fnv1a(composition),
-                                 opt.threshold_bytes, opt.first_bucket_bytes, opt.average ? 1u : 0u};
+                                 opt.threshold_bytes, opt.first_bucket_bytes, opt.flags()};
   std::vector<std::uint64_t> all(H * static_cast<std::size_t>(P));
   control_all_gather(t, mine, all.data(), H);
   auto at = [&](int r, std::size_t k) { return all[static_cast<std::size_t>(r) * H + k]; };
@@ -127,8 +133,10 @@ void verify_consistency(T& t, const Layout& layout, const std::string& compositi
   }
   if (!opt_differs.empty()) {
     auto opts = [&](int r) {
+      const std::uint64_t f = at(r, k_average);
+      auto b = [&](std::uint64_t bit) { return (f & bit) ? "true" : "false"; };
       return "threshold_bytes " + std::to_string(at(r, k_threshold)) + ", first_bucket_bytes " + std::to_string(at(r, k_first)) +
-             ", average " + (at(r, k_average) ? "true" : "false");
+             ", average " + b(1) + ", find_unused " + b(2) + ", learn_order " + b(4) + ", uneven_inputs " + b(8);
     };
     const int d = opt_differs.front();
     if (subject.empty()) subject = "exchange_options";

@@ -2,10 +2,16 @@
 // Pool planning (pure): where each tensor lives in the one contiguous gradient pool.
 // Tensors are placed in generation order, i.e. the reverse of the layout's forward order, so
 // the region that backward has finished grows from offset 0 and every bucket is one contiguous
-// range (paper 000, section 3.1: tensor-m first, tensor-1 last).
+// range (paper 000, section 3.1: tensor-m first, tensor-1 last). A trainer whose backward runs
+// in another order (shared or reused tensors, branches) gives the order it observed instead
+// (exchange_options::learn_order), so that every bucket is again a contiguous range of tensors
+// that become ready together.
 #include <cstddef>
+#include <span>
+#include <string>
 #include <vector>
 
+#include "../error.hpp"
 #include "../layout.hpp"
 
 namespace gflow::plan {
@@ -16,14 +22,33 @@ struct pool_plan {
   std::size_t total = 0;              // elements in the pool
 };
 
-inline pool_plan plan_pool(const Layout& layout) {
+/// The default generation order: the reverse of the layout's forward order.
+inline std::vector<std::size_t> reverse_order(std::size_t n) {
+  std::vector<std::size_t> order(n);
+  for (std::size_t pos = 0; pos < n; ++pos) order[pos] = n - 1 - pos;
+  return order;
+}
+
+/// The pool with tensors placed in `order` (order[p]: the layout index at pool position p),
+/// which must name every layout index exactly once (invalid_argument otherwise).
+inline pool_plan plan_pool(const Layout& layout, std::span<const std::size_t> order) {
   const std::size_t n = layout.size();
+  if (order.size() != n)
+    throw invalid_argument("order", "the generation order names " + std::to_string(order.size()) + " tensors; the layout has " +
+                                        std::to_string(n) + ".",
+                           "pass every layout index exactly once, in the order backward produces the gradients.");
   pool_plan p;
-  p.offset.resize(n);
+  p.offset.assign(n, 0);
   p.tensor_at.resize(n);
+  std::vector<bool> seen(n, false);
   std::size_t off = 0;
   for (std::size_t pos = 0; pos < n; ++pos) {
-    const std::size_t i = n - 1 - pos;  // generation order: last forward tensor first
+    const std::size_t i = order[pos];
+    if (i >= n || seen[i])
+      throw invalid_argument("order", "position " + std::to_string(pos) + " of the generation order names tensor " + std::to_string(i) +
+                                          (i >= n ? ", past the layout's " + std::to_string(n) + " tensors." : ", named before."),
+                             "pass every layout index exactly once, in the order backward produces the gradients.");
+    seen[i] = true;
     p.tensor_at[pos] = i;
     p.offset[i] = off;
     off += layout[i].numel;
@@ -31,5 +56,8 @@ inline pool_plan plan_pool(const Layout& layout) {
   p.total = off;
   return p;
 }
+
+/// Generation order = reverse forward order (last forward tensor first).
+inline pool_plan plan_pool(const Layout& layout) { return plan_pool(layout, reverse_order(layout.size())); }
 
 }  // namespace gflow::plan

@@ -10,7 +10,7 @@
 //            u64 composition fingerprint + the composition's name (u32 length + bytes),
 //            u32 rank, u32 size, u64 pool elements,
 //            u64 checksum of every byte before it
-//   sections "EXCH" (iteration, fusion numbers), "TOPO" (topology engine), "SPRS" (sparsifier
+//   sections "EXCH" (iteration, fusion numbers, learn_order state and order), "TOPO" (topology engine), "SPRS" (sparsifier
 //            engine), each a 4-byte tag followed by what its owner wrote
 //   trailer  u64 checksum of every byte before it
 //
@@ -42,7 +42,8 @@
 namespace gflow::detail {
 
 inline constexpr char checkpoint_magic[8] = {'G', 'F', 'L', 'O', 'W', 'C', 'K', 'P'};
-inline constexpr std::uint32_t checkpoint_version = 2;  // 2: the tuner's Hybrid switch and its hierarchical fit
+// 2: the tuner's Hybrid switch and its hierarchical fit; 3: EXCH holds the learn_order state
+inline constexpr std::uint32_t checkpoint_version = 3;
 /// Longest composition name a checkpoint may carry (a policy list's name is a few hundred bytes).
 inline constexpr std::size_t checkpoint_max_name = std::size_t{1} << 16;
 
