@@ -4,13 +4,24 @@
 #     number of tests/compile_fail/cases/*.cpp with a "// build error:" line, C with "// build ok";
 #   - docs/ERRORS.md's compile-time table names every case file, and names no file that is not there;
 #   - the E-ids of docs/ERRORS.md's rows are exactly those of tests/test_errors.cpp, and
-#     docs/RELIABILITY.md's "N cases in `tests/test_errors.cpp` (E01–EN)" matches their count.
+#     docs/RELIABILITY.md's "N cases in `tests/test_errors.cpp` (E01–EN)" matches their count;
+#   - README.md's "N run-time rows ... and M compile-time cases": N rows in ERRORS.md, M cases.
 #   cmake -DSOURCE_DIR=<gflow checkout> -P doc_counts.cmake
 cmake_minimum_required(VERSION 3.24)
 if(NOT SOURCE_DIR)
   message(FATAL_ERROR "doc_counts.cmake: pass -DSOURCE_DIR=<gflow checkout>")
 endif()
 set(failures "")
+# expect_counts(doc text regex want1 want2): text must match regex, whose two groups are want1, want2.
+function(expect_counts doc text regex want1 want2)
+  if(NOT want1 GREATER 0)
+    set(failures "${failures}${doc}: the tree holds none of what '${regex}' counts.\n" PARENT_SCOPE)
+  elseif(NOT text MATCHES "${regex}")
+    set(failures "${failures}${doc}: no text matching '${regex}'.\n" PARENT_SCOPE)
+  elseif(NOT CMAKE_MATCH_1 EQUAL want1 OR NOT CMAKE_MATCH_2 EQUAL want2)
+    set(failures "${failures}${doc} says ${CMAKE_MATCH_1} and ${CMAKE_MATCH_2} in '${regex}'; the tree has ${want1} and ${want2}.\n" PARENT_SCOPE)
+  endif()
+endfunction()
 file(READ "${SOURCE_DIR}/docs/RELIABILITY.md" reliability)
 file(READ "${SOURCE_DIR}/docs/ERRORS.md" errors)
 
@@ -31,15 +42,7 @@ foreach(c IN LISTS cases)
     string(APPEND failures "${name}: first line is neither '// build error: ...' nor '// build ok'.\n")
   endif()
 endforeach()
-if(failing EQUAL 0)
-  string(APPEND failures "no compile-fail case found under tests/compile_fail/cases.\n")
-endif()
-if(NOT reliability MATCHES "\\| ([0-9]+) compile-fail cases \\+ ([0-9]+) positive control")
-  string(APPEND failures "RELIABILITY.md: no summary row 'N compile-fail cases + C positive control'.\n")
-elseif(NOT CMAKE_MATCH_1 EQUAL failing OR NOT CMAKE_MATCH_2 EQUAL controls)
-  string(APPEND failures "RELIABILITY.md says ${CMAKE_MATCH_1} compile-fail cases + ${CMAKE_MATCH_2} positive control; "
-                         "tests/compile_fail/cases holds ${failing} + ${controls}.\n")
-endif()
+expect_counts(RELIABILITY.md "${reliability}" "\\| ([0-9]+) compile-fail cases \\+ ([0-9]+) positive control" ${failing} ${controls})
 string(FIND "${errors}" "## Compile-time errors" at)
 string(FIND "${errors}" "## Not covered yet" end)
 if(at LESS 0 OR end LESS at)
@@ -77,17 +80,16 @@ if(NOT tested STREQUAL rows)
   string(APPEND failures "the E-ids differ: tests/test_errors.cpp has ${tested}; ERRORS.md's rows ${rows}.\n")
 endif()
 list(LENGTH tested n_tested)
-if(n_tested EQUAL 0)
-  string(APPEND failures "no E-case found in tests/test_errors.cpp.\n")
-endif()
-if(NOT reliability MATCHES "([0-9]+) cases in `tests/test_errors.cpp` \\(E01–E([0-9]+)\\)")
-  string(APPEND failures "RELIABILITY.md: no 'N cases in `tests/test_errors.cpp` (E01–EN)'.\n")
-elseif(NOT CMAKE_MATCH_1 EQUAL n_tested OR NOT CMAKE_MATCH_2 EQUAL n_tested)
-  string(APPEND failures "RELIABILITY.md says ${CMAKE_MATCH_1} cases (E01–E${CMAKE_MATCH_2}); tests/test_errors.cpp has ${n_tested}.\n")
-endif()
+expect_counts(RELIABILITY.md "${reliability}" "([0-9]+) cases in `tests/test_errors.cpp` \\(E01–E([0-9]+)\\)" ${n_tested} ${n_tested})
+
+# ---- README's reliability row ------------------------------------------------------------------
+file(READ "${SOURCE_DIR}/README.md" readme)
+string(REGEX MATCHALL "\n\\| [A-Z][0-9]+ \\|" all_rows "${errors}")
+list(LENGTH all_rows n_rows)
+expect_counts(README.md "${readme}" "([0-9]+) run-time rows, [^|]* and ([0-9]+) compile-time cases" ${n_rows} ${failing})
 
 if(failures)
   message(FATAL_ERROR "docs.counts_in_sync:\n${failures}")
 endif()
 message("docs.counts_in_sync: ${failing} compile-fail cases + ${controls} positive control, all in ERRORS.md; "
-        "${n_tested} E-cases in tests/test_errors.cpp and ERRORS.md")
+        "${n_tested} E-cases in tests/test_errors.cpp and ERRORS.md; ${n_rows} run-time rows as README.md says")
