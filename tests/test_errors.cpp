@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <latch>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -345,11 +346,14 @@ TEST_CASE("errors: the in-process transport's timeouts and point-to-point faults
   {
     const error_case c{"E63", errc::timeout, "all_reduce", {"rank(s) 2 did not arrive", "Fix: make every rank issue the same collectives in the same order, or raise the timeout."}, {}};
     const error_case late{"E67", errc::timeout, "all_reduce", {"gave up on collective #0 after a timeout in group 'world'; this collective was not executed.", "or raise the timeout."}, {}};
+    // The order is explicit, not raced against a sleep: rank 2 enters the collective only after
+    // ranks 0 and 1 have both given up on it (each waits the whole timeout from its own arrival).
     std::atomic<int> seen{0};
+    std::latch gave_up(2);
     inproc::run(
         3,
         [&](inproc::transport& t) {
-          if (t.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+          if (t.rank() == 2) gave_up.wait();
           float v = 1;
           try {
             t.all_reduce(&v, 1, reduce_op::sum);
@@ -357,6 +361,7 @@ TEST_CASE("errors: the in-process transport's timeouts and point-to-point faults
             check_error(t.rank() == 2 ? late : c, e);
             ++seen;
           }
+          if (t.rank() != 2) gave_up.count_down();
         },
         std::chrono::milliseconds(200));
     CHECK(seen == 3);

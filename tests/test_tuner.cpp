@@ -22,6 +22,9 @@
 using namespace gflow;
 
 namespace {
+// A relative check: doctest's Approx adds a scale of 1.0 to the tolerance, so Approx(1e-9).epsilon(1e-6)
+// accepts anything within +-1e-6, a fit of zero included. scale(0) leaves |got - want| < eps * max(|got|, |want|).
+doctest::Approx rel(double want, double eps) { return doctest::Approx(want).epsilon(eps).scale(0); }
 const Layout& big_layout() {
   static const Layout l = Layout::from_tsv(std::string(GFLOW_LAYOUT_DIR) + "/resnet50.tsv");
   return l;
@@ -87,11 +90,11 @@ TEST_CASE("cost model: the alpha-beta fit recovers a line, clamps negatives, rej
   std::vector<double> y;
   for (double v : x) y.push_back(20e-6 + v * 1e-9);
   const auto f = plan::fit_alpha_beta(x, y);
-  CHECK(f.alpha == doctest::Approx(20e-6).epsilon(1e-6));
-  CHECK(f.beta == doctest::Approx(1e-9).epsilon(1e-6));
+  CHECK(f.alpha == rel(20e-6, 1e-6));
+  CHECK(f.beta == rel(1e-9, 1e-6));
   const std::vector<double> one{4096}, t1{1e-3};
   CHECK(plan::fit_alpha_beta(one, t1).beta == 0.0);
-  CHECK(plan::fit_alpha_beta(one, t1).alpha == doctest::Approx(1e-3));
+  CHECK(plan::fit_alpha_beta(one, t1).alpha == rel(1e-3, 1e-9));
   const std::vector<double> neg{1.0, 2.0};  // a line through (1, 1e-6), (2, 3e-6): intercept < 0
   const std::vector<double> negt{1e-6, 3e-6};
   CHECK(plan::fit_alpha_beta(neg, negt).alpha == 0.0);
@@ -106,8 +109,8 @@ TEST_CASE("cost model: the alpha-beta fit recovers a line, clamps negatives, rej
   std::vector<double> yb;
   for (double v : x) yb.push_back(m.collective(plan::collective_kind::allreduce, 4, v));
   const auto k = plan::fit_kind(plan::collective_kind::allreduce, 4, x, yb);
-  CHECK(k.alpha == doctest::Approx(10e-6).epsilon(1e-6));
-  CHECK(k.beta == doctest::Approx(1e-9).epsilon(1e-6));
+  CHECK(k.alpha == rel(10e-6, 1e-6));
+  CHECK(k.beta == rel(1e-9, 1e-6));
   // Table I's orders: GTopK beats TopK at large P, dense grows with m
   m.all_gather = m.send_recv = m.broadcast = m.allreduce;
   CHECK(m.gtopk(1024, 25000, 8) < m.topk(1024, 25000, 8));
@@ -122,13 +125,13 @@ TEST_CASE("cost model: two regimes are found where one line cannot follow, one i
   const auto f = plan::fit_kind_regimes(plan::collective_kind::send_recv, 2, x, y);
   REQUIRE(f.split_in_two());
   CHECK(f.split == 1048576.0);
-  CHECK(f.small.alpha == doctest::Approx(5e-6).epsilon(1e-6));
-  CHECK(f.small.beta == doctest::Approx(1e-9).epsilon(1e-6));
-  CHECK(f.large.alpha == doctest::Approx(40e-6).epsilon(1e-6));
-  CHECK(f.large.beta == doctest::Approx(8e-9).epsilon(1e-6));
+  CHECK(f.small.alpha == rel(5e-6, 1e-6));
+  CHECK(f.small.beta == rel(1e-9, 1e-6));
+  CHECK(f.large.alpha == rel(40e-6, 1e-6));
+  CHECK(f.large.beta == rel(8e-9, 1e-6));
   plan::cost_model m;
   m.send_recv = f;
-  for (std::size_t i = 0; i < x.size(); ++i) CHECK(m.collective(plan::collective_kind::send_recv, 2, x[i]) == doctest::Approx(y[i]).epsilon(1e-6));
+  for (std::size_t i = 0; i < x.size(); ++i) CHECK(m.collective(plan::collective_kind::send_recv, 2, x[i]) == rel(y[i], 1e-6));
   // one line stays one regime, in the kind's shape (ring allreduce at P = 4)
   plan::cost_model line;
   line.allreduce = plan::alpha_beta{10e-6, 1e-9};
@@ -136,8 +139,8 @@ TEST_CASE("cost model: two regimes are found where one line cannot follow, one i
   for (double v : x) ya.push_back(line.collective(plan::collective_kind::allreduce, 4, v));
   const auto g = plan::fit_kind_regimes(plan::collective_kind::allreduce, 4, x, ya);
   CHECK_FALSE(g.split_in_two());
-  CHECK(g.at(1e9).alpha == doctest::Approx(10e-6).epsilon(1e-6));
-  CHECK(g.at(1e9).beta == doctest::Approx(1e-9).epsilon(1e-6));
+  CHECK(g.at(1e9).alpha == rel(10e-6, 1e-6));
+  CHECK(g.at(1e9).beta == rel(1e-9, 1e-6));
   // too few sizes to split (two on each side needed): one regime, never a throw
   const std::vector<double> x3{1e3, 1e6, 1e7}, y3{1e-5, 1e-3, 8e-2};
   CHECK_FALSE(plan::fit_kind_regimes(plan::collective_kind::send_recv, 2, x3, y3).split_in_two());
@@ -156,15 +159,15 @@ TEST_CASE("exchange model: local work is added per scheme as the engines do it")
   em.local.merge_step = 5e-9;
   const std::size_t n = 1000000, k = 1000;
   const std::vector<double> buckets{4e6};
-  CHECK(em.dense(4, buckets, n) == doctest::Approx(1e-3));
-  CHECK(em.csc(4, n, 1000, 0.01, 4) == doctest::Approx(4e-3));
+  CHECK(em.dense(4, buckets, n) == rel(1e-3, 1e-9));
+  CHECK(em.csc(4, n, 1000, 0.01, 4) == rel(4e-3, 1e-9));
   // TopK at P = 4: 5 ns n, 4 k entries each decoded and marked, a union of up to 4 k read out
-  CHECK(em.topk(4, k, 8, n) == doctest::Approx(5e-3 + 4 * k * (10e-9 + 1e-9) + 4 * k * 2e-9));
+  CHECK(em.topk(4, k, 8, n) == rel(5e-3 + 4 * k * (10e-9 + 1e-9) + 4 * k * 2e-9, 1e-9));
   // ... linear in P k, and the union never exceeds the pool: P = 4000 lists of k = n / 2
-  CHECK(em.topk(4000, n / 2, 8, n) == doctest::Approx(5e-3 + 4000.0 * (n / 2.0) * 11e-9 + n * 2e-9));
+  CHECK(em.topk(4000, n / 2, 8, n) == rel(5e-3 + 4000.0 * (n / 2.0) * 11e-9 + n * 2e-9, 1e-9));
   // GTopK at P = 8: 3 rounds of a 2k merge, then the broadcast list's k entries
-  CHECK(em.gtopk(8, k, 8, n) == doctest::Approx(5e-3 + 3 * 2 * k * 5e-9 + k * 10e-9));
-  CHECK(em.gtopk(1, k, 8, n) == doctest::Approx(5e-3 + k * 10e-9));
+  CHECK(em.gtopk(8, k, 8, n) == rel(5e-3 + 3 * 2 * k * 5e-9 + k * 10e-9, 1e-9));
+  CHECK(em.gtopk(1, k, 8, n) == rel(5e-3 + k * 10e-9, 1e-9));
 }
 
 TEST_CASE("tuner: modelled completion follows the ready prefix and serialises buckets") {
@@ -539,10 +542,10 @@ TEST_CASE("tuner with Topology<Hybrid>: probes ring and hierarchical, fits a lin
   CHECK(settled_at[0] > 0);
   CHECK(settled_at[0] <= 50);
   // both lines recovered (+-3% noise on every bucket time)
-  CHECK(ring_fit[0].alpha == doctest::Approx(m.alpha_r).epsilon(0.15));
-  CHECK(ring_fit[0].beta == doctest::Approx(m.beta_r).epsilon(0.05));
-  CHECK(hier_fit[0].alpha == doctest::Approx(m.alpha_h).epsilon(0.15));
-  CHECK(hier_fit[0].beta == doctest::Approx(m.beta_h).epsilon(0.05));
+  CHECK(ring_fit[0].alpha == rel(m.alpha_r, 0.15));
+  CHECK(ring_fit[0].beta == rel(m.beta_r, 0.05));
+  CHECK(hier_fit[0].alpha == rel(m.alpha_h, 0.15));
+  CHECK(hier_fit[0].beta == rel(m.beta_h, 0.05));
   // the chosen plan is within 3% of the best (threshold, switch) of a brute-force sweep on the true machine
   const auto ready = m.base.ready(l);
   double best = 1e300;

@@ -1,6 +1,11 @@
 // Runs the CUDA tests: `gflow_cuda_tests [suite]` (suites: kernels, nccl).
-// Exit codes: 0 passed, 1 failed, 77 skipped (no CUDA device: ctest's SKIP_RETURN_CODE).
+// Exit codes: 0 passed, 1 failed, 77 skipped (ctest's SKIP_RETURN_CODE). Skipped only where there
+// is genuinely no GPU: cudaGetDeviceCount says cudaErrorNoDevice (or 0 devices), or no NVIDIA
+// driver is installed at all (libcuda.so.1 cannot be loaded: a machine without a GPU, where the
+// runtime says cudaErrorInsufficientDriver). Any other error (a driver that is there but broken
+// or too old, a runtime that cannot initialise) fails, with its text.
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <cstdio>
 #include <cstring>
@@ -8,17 +13,40 @@
 
 #include "harness.cuh"
 
+namespace {
+// True when the NVIDIA driver library is present (a GPU machine, working or not).
+bool driver_installed() {
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (h == nullptr) return false;
+  dlclose(h);
+  return true;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   const char* suite = argc > 1 ? argv[1] : nullptr;
   int devices = 0;
   const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e != cudaSuccess || devices == 0) {
+  if (e == cudaErrorNoDevice || (e == cudaSuccess && devices == 0)) {
     std::printf("SKIPPED: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount reports 0");
     return 77;
   }
+  if (e == cudaErrorInsufficientDriver && !driver_installed()) {
+    std::printf("SKIPPED: no CUDA driver installed (libcuda.so.1 not found: %s)\n", cudaGetErrorString(e));
+    return 77;
+  }
+  if (e != cudaSuccess) {
+    std::printf("FAILED: cudaGetDeviceCount: %s (%s); a GPU machine whose driver or runtime fails is not skipped\n",
+                cudaGetErrorName(e), cudaGetErrorString(e));
+    return 1;
+  }
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
-    std::printf("%d CUDA device(s); device 0: %s (sm_%d%d)\n", devices, prop.name, prop.major, prop.minor);
+  const cudaError_t pe = cudaGetDeviceProperties(&prop, 0);
+  if (pe != cudaSuccess) {
+    std::printf("FAILED: cudaGetDeviceProperties(0): %s (%s)\n", cudaGetErrorName(pe), cudaGetErrorString(pe));
+    return 1;
+  }
+  std::printf("%d CUDA device(s); device 0: %s (sm_%d%d)\n", devices, prop.name, prop.major, prop.minor);
   int ran = 0;
   for (const auto& t : gflow_cuda_test::registry()) {
     if (suite != nullptr && std::strcmp(suite, t.suite) != 0) continue;

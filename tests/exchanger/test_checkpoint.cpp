@@ -246,19 +246,28 @@ TEST_CASE("checkpoint: the state sits anywhere in a larger stream; each rank's f
 // ---- errors ------------------------------------------------------------------------------------
 
 namespace {
-/// The state a failed load must leave untouched.
+/// The state a failed load must leave untouched: all of it, as a save writes it (iteration, fusion
+/// numbers, Hybrid threshold, density schedule, index width, CSC norms and history, residuals),
+/// plus the pool, which a checkpoint does not hold. The named fields say what differed.
 template <class X>
 struct snapshot {
   std::uint64_t iteration;
   std::vector<float> residual;
   std::vector<std::uint32_t> upcoming;
   std::size_t threshold;
-  explicit snapshot(const X& ex) : iteration(ex.iteration()), residual(residual_copy(ex)), threshold(ex.threshold_bytes()) {
+  std::vector<float> pool;
+  std::string saved;  // save_state's bytes
+  explicit snapshot(X& ex)
+      : iteration(ex.iteration()), residual(residual_copy(ex)), threshold(ex.threshold_bytes()), pool(ex.pool_data(), ex.pool_data() + ex.pool_size()) {
     if constexpr (requires { ex.sparsifier().upcoming_chunks(); })
       upcoming.assign(ex.sparsifier().upcoming_chunks().begin(), ex.sparsifier().upcoming_chunks().end());
+    std::ostringstream out;
+    ex.save_state(out);
+    saved = out.str();
   }
   bool operator==(const snapshot& o) const {
-    return iteration == o.iteration && same_bits(residual, o.residual) && upcoming == o.upcoming && threshold == o.threshold;
+    return iteration == o.iteration && same_bits(residual, o.residual) && upcoming == o.upcoming && threshold == o.threshold &&
+           same_bits(pool, o.pool) && saved == o.saved;
   }
 };
 

@@ -1,7 +1,8 @@
 # Runs one fault scenario of gflow_mpi_faults under mpiexec and checks what the ranks printed.
 #   cmake -DMPIEXEC=... -DNP=4 -DEXE=... -DSCENARIO=never|stuck|exit|exit_killed -DTIMEOUT_MS=1500 [-DMPI_FLAGS="a;b"] -P run_fault.cmake
 # exit_killed is exit under Open MPI's default policy (a rank that leaves without MPI_Finalize
-# gets the whole job killed): the job must end quickly, and no survivor may report success.
+# gets the whole job killed): the dying rank must print its 'exits' line, the job must end
+# quickly, and no survivor may report success. No rank may print 'unsettled' (any scenario).
 # Every surviving rank must print a timeout_error (or transport_error) naming the operation and
 # the rank that did not arrive, within the timeout plus the stall inspector's grace period plus
 # slack for a loaded machine; the whole job must end long before ctest's TIMEOUT.
@@ -98,6 +99,11 @@ elseif(SCENARIO STREQUAL "exit")
     endif()
   endforeach()
 elseif(SCENARIO STREQUAL "exit_killed")
+  # The job must have died of the rank's exit, not of anything earlier (a crash at start-up, a bad
+  # command line, a missing binary would exit non-zero quickly too).
+  if(NOT out MATCHES "FAULT rank=${last} exits")
+    string(APPEND failures "rank ${last} did not reach its exit: the job ended for another reason.\n")
+  endif()
   if(rc EQUAL 0)
     string(APPEND failures "mpiexec exited with 0; Open MPI should have killed the job.\n")
   endif()
@@ -109,6 +115,13 @@ elseif(SCENARIO STREQUAL "exit_killed")
   endif()
 else()
   message(FATAL_ERROR "run_fault.cmake: unknown scenario ${SCENARIO}")
+endif()
+
+# fault_driver.cpp prints 'FAULT rank=R unsettled' when an abandoned collective did not complete
+# within settle()'s 30 s: MPI could still write the buffers that are about to be freed.
+string(REGEX MATCHALL "FAULT rank=[0-9]+ unsettled" unsettled "${out}")
+if(unsettled)
+  string(APPEND failures "an abandoned collective never completed: ${unsettled}.\n")
 endif()
 
 if(failures)

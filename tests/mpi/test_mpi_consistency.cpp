@@ -125,9 +125,16 @@ TEST_CASE("mpi timeouts: blocking (no timeout) and polled (timeout) paths give t
 TEST_CASE("mpi timeouts: bad timeouts are invalid_argument before any collective") {
   gflow::mpi::transport t;
   CHECK_THROWS_AS(t.set_timeout(std::chrono::milliseconds(-1)), gflow::invalid_argument);
-  CHECK_THROWS_AS(gflow::mpi::transport(MPI_COMM_WORLD, std::chrono::milliseconds(-5)), gflow::invalid_argument);
+  try {  // ERRORS.md X10
+    gflow::mpi::transport bad(MPI_COMM_WORLD, std::chrono::milliseconds(-5));
+    FAIL("no exception");
+  } catch (const gflow::invalid_argument& e) {
+    CHECK(e.subject() == "timeout");
+    CHECK(std::string(e.what()).find("a timeout of -5 ms is negative. Fix: pass a duration >= 0 (0 turns timeouts off).") != std::string::npos);
+  }
   gflow::mpi::transport fresh;  // no environment variable changes it
   CHECK(fresh.timeout() == gflow::mpi::default_timeout);
+  CHECK(fresh.timeout() == std::chrono::minutes(10));  // README: timeouts on by default, 10 min
   gflow::mpi::transport explicit_(MPI_COMM_WORLD, std::chrono::milliseconds(30500));
   CHECK(explicit_.timeout() == std::chrono::milliseconds(30500));
 }

@@ -297,7 +297,14 @@ TEST_CASE("mpi transport: invalid peers, roots, counts and colors raise invalid_
     CHECK(e.subject() == "root");
     CHECK(std::string(e.what()).find("outside the group of " + std::to_string(P) + " ranks") != std::string::npos);
   }
-  CHECK_THROWS_AS((void)t.split(-1, 0), gflow::invalid_argument);
+  try {  // ERRORS.md M4
+    (void)t.split(-1, 0);
+    FAIL("no exception");
+  } catch (const gflow::invalid_argument& e) {
+    CHECK(e.subject() == "color");
+    CHECK(std::string(e.what()).find("split color -1 is negative; MPI_Comm_split needs a non-negative color.") != std::string::npos);
+    CHECK(std::string(e.what()).find("Fix: pass a color >= 0") != std::string::npos);
+  }
 
   // Counts beyond what this MPI can address are refused before any MPI call (no buffer is
   // touched, so none is allocated here).
@@ -337,6 +344,15 @@ TEST_CASE("mpi transport: MPI failures come back as transport_error / mismatch_e
   }
   // A short message: rank 0 sends 4 floats, rank 1 expects 8.
   if (r == 0) t.send(out, 4, 1);
-  if (r == 1) CHECK_THROWS_AS(t.recv(in, 8, 0), gflow::mismatch_error);
+  if (r == 1) {  // ERRORS.md M2
+    try {
+      t.recv(in, 8, 0);
+      FAIL("no exception");
+    } catch (const gflow::mismatch_error& e) {
+      CHECK(e.subject() == "recv");
+      CHECK(std::string(e.what()).find("rank 1 expected 8 elements from rank 0 but the message held 4.") != std::string::npos);
+      CHECK(std::string(e.what()).find("Fix: make send and recv agree on count and element type.") != std::string::npos);
+    }
+  }
   t.barrier();
 }

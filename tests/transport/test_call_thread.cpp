@@ -12,10 +12,12 @@ using namespace std::chrono_literals;
 
 namespace {
 std::atomic<bool> release{false};
-std::atomic<int> calls{0};
+std::atomic<int> calls{0};     // blocked_call() entered
+std::atomic<int> returns{0};   // blocked_call() returned
 int blocked_call() {
   calls.fetch_add(1);
   while (!release.load()) std::this_thread::sleep_for(1ms);
+  returns.fetch_add(1);
   return 7;
 }
 }  // namespace
@@ -54,10 +56,13 @@ TEST_CASE("call_thread: a wait that passes its deadline returns false and the ca
 
 TEST_CASE("call_thread: shutdown lingers for an abandoned call that returns in time") {
   release = false;
+  calls = 0;
+  returns = 0;
   call_thread t;
   t.start([] { return blocked_call(); });
   int rc = -1;
   CHECK_FALSE(t.wait_until(call_thread::clock::now() + 5ms, &rc));
+  while (calls.load() == 0) std::this_thread::sleep_for(1ms);  // running: abandon() would withdraw a call not yet begun
   t.abandon();
   std::thread late([] {
     std::this_thread::sleep_for(20ms);
@@ -65,6 +70,10 @@ TEST_CASE("call_thread: shutdown lingers for an abandoned call that returns in t
   });
   const auto t0 = call_thread::clock::now();
   t.shutdown(10s);  // joins once the call returns
+  // It lingered: the call had returned when shutdown() did (a detach would return at once,
+  // with the call still blocked for another 20 ms) ...
+  CHECK(returns == 1);
+  // ... and it did not wait out the whole linger once the call was back.
   CHECK(call_thread::clock::now() - t0 < 5s);
   late.join();
 }
@@ -72,13 +81,21 @@ TEST_CASE("call_thread: shutdown lingers for an abandoned call that returns in t
 TEST_CASE("call_thread: a call still blocked at shutdown is detached, and frees itself if it ever returns") {
   release = false;
   calls = 0;
+  returns = 0;
+  const auto t0 = call_thread::clock::now();
   {
     call_thread t;
     t.start([] { return blocked_call(); });
     while (calls.load() == 0) std::this_thread::sleep_for(1ms);
     t.abandon();
   }  // destructor: linger 0, the call is running: detached
+  // Detached, not joined: the destructor came back with the call still blocked in it (a join
+  // would never come back, a linger would take its time).
+  CHECK(returns == 0);
+  CHECK(call_thread::clock::now() - t0 < 5s);
   release = true;  // the orphaned thread returns, deletes its state and exits (ASan/TSan would see a leak or race)
-  std::this_thread::sleep_for(50ms);
-  CHECK(calls == 1);
+  const auto until = call_thread::clock::now() + 10s;
+  while (returns.load() == 0 && call_thread::clock::now() < until) std::this_thread::sleep_for(1ms);
+  CHECK(returns == 1);  // the orphan ran on and returned once released
+  std::this_thread::sleep_for(50ms);  // let it delete its state before the process checks for leaks
 }

@@ -1,0 +1,95 @@
+# docs.counts_in_sync: the counts and lists the docs give about the tests are checked against the
+# tree, so that they cannot go stale (issue 28).
+#   - docs/RELIABILITY.md's summary row "N compile-fail cases + C positive control": N is the
+#     number of tests/compile_fail/cases/*.cpp with a "// build error:" line, C with "// build ok";
+#   - docs/ERRORS.md's compile-time table names every case file, and names no file that is not there;
+#   - the E-ids of docs/ERRORS.md's rows are exactly those of tests/test_errors.cpp, and
+#     docs/RELIABILITY.md's "N cases in `tests/test_errors.cpp` (E01–EN)" matches their count;
+#   - README.md's "N run-time rows ... and M compile-time cases": N rows in ERRORS.md, M cases.
+#   cmake -DSOURCE_DIR=<gflow checkout> -P doc_counts.cmake
+cmake_minimum_required(VERSION 3.24)
+if(NOT SOURCE_DIR)
+  message(FATAL_ERROR "doc_counts.cmake: pass -DSOURCE_DIR=<gflow checkout>")
+endif()
+set(failures "")
+# expect_counts(doc text regex want1 want2): text must match regex, whose two groups are want1, want2.
+function(expect_counts doc text regex want1 want2)
+  if(NOT want1 GREATER 0)
+    set(failures "${failures}${doc}: the tree holds none of what '${regex}' counts.\n" PARENT_SCOPE)
+  elseif(NOT text MATCHES "${regex}")
+    set(failures "${failures}${doc}: no text matching '${regex}'.\n" PARENT_SCOPE)
+  elseif(NOT CMAKE_MATCH_1 EQUAL want1 OR NOT CMAKE_MATCH_2 EQUAL want2)
+    set(failures "${failures}${doc} says ${CMAKE_MATCH_1} and ${CMAKE_MATCH_2} in '${regex}'; the tree has ${want1} and ${want2}.\n" PARENT_SCOPE)
+  endif()
+endfunction()
+file(READ "${SOURCE_DIR}/docs/RELIABILITY.md" reliability)
+file(READ "${SOURCE_DIR}/docs/ERRORS.md" errors)
+
+# ---- compile-fail cases ----------------------------------------------------------------------
+file(GLOB cases "${SOURCE_DIR}/tests/compile_fail/cases/*.cpp")
+set(failing 0)
+set(controls 0)
+set(case_names "")
+foreach(c IN LISTS cases)
+  get_filename_component(name "${c}" NAME)
+  list(APPEND case_names "${name}")
+  file(STRINGS "${c}" first LIMIT_COUNT 1)
+  if(first MATCHES "^// build error: ")
+    math(EXPR failing "${failing} + 1")
+  elseif(first MATCHES "^// build ok")
+    math(EXPR controls "${controls} + 1")
+  else()
+    string(APPEND failures "${name}: first line is neither '// build error: ...' nor '// build ok'.\n")
+  endif()
+endforeach()
+expect_counts(RELIABILITY.md "${reliability}" "\\| ([0-9]+) compile-fail cases \\+ ([0-9]+) positive control" ${failing} ${controls})
+string(FIND "${errors}" "## Compile-time errors" at)
+string(FIND "${errors}" "## Not covered yet" end)
+if(at LESS 0 OR end LESS at)
+  string(APPEND failures "ERRORS.md: sections '## Compile-time errors' and '## Not covered yet' not found in that order.\n")
+else()
+  math(EXPR len "${end} - ${at}")
+  string(SUBSTRING "${errors}" ${at} ${len} table)
+  foreach(name IN LISTS case_names)
+    string(FIND "${table}" "${name}" pos)
+    if(pos LESS 0)
+      string(APPEND failures "ERRORS.md's compile-time table does not name ${name}.\n")
+    endif()
+  endforeach()
+  string(REGEX MATCHALL "[a-z0-9_]+\\.cpp" named "${table}")
+  list(REMOVE_DUPLICATES named)
+  foreach(name IN LISTS named)
+    if(NOT name IN_LIST case_names)
+      string(APPEND failures "ERRORS.md's compile-time table names ${name}, which is not in tests/compile_fail/cases.\n")
+    endif()
+  endforeach()
+endif()
+
+# ---- E-cases -----------------------------------------------------------------------------------
+file(READ "${SOURCE_DIR}/tests/test_errors.cpp" test_errors)
+string(REGEX MATCHALL "\\{\"E[0-9][0-9]\"" tested "${test_errors}")
+string(REPLACE "{\"" "" tested "${tested}")
+string(REPLACE "\"" "" tested "${tested}")
+list(REMOVE_DUPLICATES tested)
+list(SORT tested)
+string(REGEX MATCHALL "\n\\| E[0-9][0-9] \\|" rows "${errors}")
+string(REGEX REPLACE "[\n| ]" "" rows "${rows}")
+list(REMOVE_DUPLICATES rows)
+list(SORT rows)
+if(NOT tested STREQUAL rows)
+  string(APPEND failures "the E-ids differ: tests/test_errors.cpp has ${tested}; ERRORS.md's rows ${rows}.\n")
+endif()
+list(LENGTH tested n_tested)
+expect_counts(RELIABILITY.md "${reliability}" "([0-9]+) cases in `tests/test_errors.cpp` \\(E01–E([0-9]+)\\)" ${n_tested} ${n_tested})
+
+# ---- README's reliability row ------------------------------------------------------------------
+file(READ "${SOURCE_DIR}/README.md" readme)
+string(REGEX MATCHALL "\n\\| [A-Z][0-9]+ \\|" all_rows "${errors}")
+list(LENGTH all_rows n_rows)
+expect_counts(README.md "${readme}" "([0-9]+) run-time rows, [^|]* and ([0-9]+) compile-time cases" ${n_rows} ${failing})
+
+if(failures)
+  message(FATAL_ERROR "docs.counts_in_sync:\n${failures}")
+endif()
+message("docs.counts_in_sync: ${failing} compile-fail cases + ${controls} positive control, all in ERRORS.md; "
+        "${n_tested} E-cases in tests/test_errors.cpp and ERRORS.md; ${n_rows} run-time rows as README.md says")
