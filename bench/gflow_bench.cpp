@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <gflow/plan/buckets.hpp>
 #include <gflow/plan/pool.hpp>
@@ -65,6 +66,8 @@ struct options {
   bool autotune = false;                        // overlap: threshold sweep + Fusion<Auto>
   std::vector<double> compute_ratios;           // overlap --autotune: several ratios in one run
   int reps = 5;                                 // model: repetitions per size
+  bool learn_order = false;                     // overlap: also each strategy with exchange_options::learn_order
+  bool loop_options = false;                    // exchange --options: gflow with find_unused / uneven_inputs / learn_order
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -73,6 +76,9 @@ struct options {
                "usage: bench/run exchange|overlap [--ranks N] [--layout NAME|PATH] [--threshold BYTES] [--wire fp32|fp16|bf16]\n"
                "                          [--quick] [--sweep] [--iters N] [--warmup N] [--compute-ratio R[,R...]] [--trace FILE]\n"
                "                          [--order shuffled|rotated]   (exchange: the variants' order each iteration)\n"
+               "                          [--options]   (exchange: also gflow with find_unused, uneven_inputs, learn_order)\n"
+               "       bench/run overlap --learn-order   (also each strategy with exchange_options::learn_order; the simulated backward\n"
+               "                          marks tensors in <layout>.order when that file exists, e.g. --layout shared_late)\n"
                "       bench/run overlap --autotune [--compute-ratio 0.5,1,2] [--topology hybrid]   (fixed-threshold sweep + Fusion<Auto>,\n"
                "                          timed in interleaved rounds (--iters / 3 rounds of 1 + 3 iterations each);\n"
                "                          hybrid: Hybrid<1 MiB, 2> with the switch at all-ring / 1 MiB / all-hierarchical, tuned too)\n"
@@ -133,6 +139,8 @@ options parse(int argc, char** argv) {
     }
     else if (a == "--trace") o.trace = next();
     else if (a == "--autotune") o.autotune = true;
+    else if (a == "--learn-order") o.learn_order = true;
+    else if (a == "--options") o.loop_options = true;
     else if (a == "--reps") o.reps = std::stoi(next());
     else if (a == "--density") {
       o.densities.clear();
@@ -177,9 +185,37 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-gflow::Layout load_layout(const std::string& name) {
-  if (name.find('/') != std::string::npos || name.find(".tsv") != std::string::npos) return gflow::Layout::from_tsv(name);
-  return gflow::Layout::from_tsv(std::string(GFLOW_LAYOUT_DIR) + "/" + name + ".tsv");
+std::string layout_path(const std::string& name) {
+  if (name.find('/') != std::string::npos || name.find(".tsv") != std::string::npos) return name;
+  return std::string(GFLOW_LAYOUT_DIR) + "/" + name + ".tsv";
+}
+gflow::Layout load_layout(const std::string& name) { return gflow::Layout::from_tsv(layout_path(name)); }
+
+// The order the simulated backward marks gradients ready: the tensor names of <layout>.order
+// beside the .tsv, first ready first (a model whose backward is not the reverse of its forward
+// order, e.g. bench/layouts/shared_late), else the reverse of the layout's order. Set once in main.
+std::vector<std::size_t> g_backward_order;
+std::vector<std::size_t> backward_order(const gflow::Layout& l, const std::string& name) {
+  std::string path = layout_path(name);
+  if (path.size() > 4 && path.compare(path.size() - 4, 4, ".tsv") == 0) path.replace(path.size() - 4, 4, ".order");
+  std::vector<std::size_t> order;
+  std::ifstream f(path);
+  if (!f) {
+    for (std::size_t k = l.size(); k-- > 0;) order.push_back(k);
+    return order;
+  }
+  std::map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < l.size(); ++i) index[l[i].name] = i;
+  std::vector<bool> seen(l.size(), false);
+  for (std::string line; std::getline(f, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto it = index.find(line);
+    if (it == index.end() || seen[it->second]) usage(path + ": '" + line + "' is not a tensor of the layout, or is named twice");
+    seen[it->second] = true;
+    order.push_back(it->second);
+  }
+  if (order.size() != l.size()) usage(path + " names " + std::to_string(order.size()) + " of the layout's " + std::to_string(l.size()) + " tensors");
+  return order;
 }
 
 // ---- hand-written baselines ---------------------------------------------------------------------
@@ -364,6 +400,27 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
                   if (!st.finite()) std::fprintf(stderr, "gflow_bench: non-finite result\n");
                 },
                 [&] { std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float)); }, {}});
+  // --options: what each training-loop option costs (docs/DESIGN.md, "Training loops"): the same
+  // exchanger with find_unused, uneven_inputs or learn_order on (every tensor ready, no rank
+  // joined), so gflow_<option> / gflow is the option's own overhead.
+  std::optional<on_mpi<E>> ex_unused, ex_uneven, ex_learn;
+  auto add_with = [&](std::optional<on_mpi<E>>& opt, const char* name, bool gflow::exchange_options::*flag) {
+    gflow::exchange_options e2 = eo;
+    e2.*flag = true;
+    opt.emplace(tr, l, e2);
+    auto* e = &*opt;
+    vs.push_back({name, e->buckets().size(),
+                  [e, &l] {
+                    for (std::size_t k = l.size(); k-- > 0;) e->ready(k);
+                    (void)e->finish();
+                  },
+                  [e, &fresh, total] { std::memcpy(e->pool_data(), fresh.data(), total * sizeof(float)); }, {}});
+  };
+  if (o.loop_options) {
+    add_with(ex_unused, "gflow_find_unused", &gflow::exchange_options::find_unused);
+    add_with(ex_uneven, "gflow_uneven_inputs", &gflow::exchange_options::uneven_inputs);
+    add_with(ex_learn, "gflow_learn_order", &gflow::exchange_options::learn_order);
+  }
   // --trace FILE: the same exchanger with a timeline attached (gflow_traced / gflow is what the
   // timeline costs when on); its events of every iteration and rank go to FILE.
   std::optional<on_mpi<E>> ext;
@@ -484,9 +541,10 @@ template <class X>
 double simulated_backward(X& ex, const gflow::Layout& l, double per_elem_s, double& slept) {
   const double t0 = MPI_Wtime();
   double owed = 0;
-  for (std::size_t k = l.size(); k-- > 0;) {
+  for (std::size_t j = 0; j < g_backward_order.size(); ++j) {
+    const std::size_t k = g_backward_order[j];
     owed += per_elem_s * static_cast<double>(l[k].numel);
-    if (owed >= 200e-6 || k == 0) {
+    if (owed >= 200e-6 || j + 1 == g_backward_order.size()) {
       const double s0 = MPI_Wtime();
       std::this_thread::sleep_for(std::chrono::duration<double>(owed));
       const double took = MPI_Wtime() - s0;
@@ -500,12 +558,14 @@ double simulated_backward(X& ex, const gflow::Layout& l, double per_elem_s, doub
 }
 
 template <class E>
-overlap_result run_overlap_variant(const char* name, const options& o, const gflow::Layout& l, double per_elem_s, bool traced = false) {
+overlap_result run_overlap_variant(const char* name, const options& o, const gflow::Layout& l, double per_elem_s, bool traced = false,
+                                   bool learn_order = false) {
   int P = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &P);
   gflow::mpi::transport tr(MPI_COMM_WORLD);
   gflow::exchange_options eo;
   eo.threshold_bytes = o.threshold;
+  eo.learn_order = learn_order;  // learns from the first iteration's order: the backward's (below)
   typename E::template on<gflow::mpi::transport> ex(tr, l, eo);
   const std::size_t total = l.total_numel();
   std::vector<float> fresh(total, 0.5f);
@@ -520,7 +580,7 @@ overlap_result run_overlap_variant(const char* name, const options& o, const gfl
     std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float));
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
-    for (std::size_t k = l.size(); k-- > 0;) ex.ready(k);
+    for (std::size_t k : g_backward_order) ex.ready(k);
     (void)ex.finish();
     double dx = MPI_Wtime() - t0;
     // backward with the exchange overlapped
@@ -784,11 +844,17 @@ void run_overlap_suite(const options& o, const gflow::Layout& l, const std::stri
   rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Funneled>>>("Funneled", o, l, per_elem, !o.trace.empty()));
   rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Concurrent<2>>>>("Concurrent<2>", o, l, per_elem));
   rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Chained>>>("Chained", o, l, per_elem));
+  if (o.learn_order) {  // the same strategies with the pool laid out in the observed backward order
+    rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::None>>>("None+learn", o, l, per_elem, false, true));
+    rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Funneled>>>("Funneled+learn", o, l, per_elem, false, true));
+    rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Concurrent<2>>>>("Concurrent<2>+learn", o, l, per_elem, false, true));
+    rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Chained>>>("Chained+learn", o, l, per_elem, false, true));
+  }
   if (rank != 0) return;
-  std::fprintf(stderr, "%-14s %12s %12s %12s %9s\n", "strategy", "iteration_ms", "compute_ms", "exchange_ms", "hidden");
+  std::fprintf(stderr, "%-20s %12s %12s %12s %9s\n", "strategy", "iteration_ms", "compute_ms", "exchange_ms", "hidden");
   for (auto& r : rs) {
     const double hidden = (r.compute.median + r.exchange.median - r.iteration.median) / r.exchange.median;
-    std::fprintf(stderr, "%-14s %12.2f %12.2f %12.2f %8.0f%%\n", r.name.c_str(), r.iteration.median * 1e3, r.compute.median * 1e3,
+    std::fprintf(stderr, "%-20s %12.2f %12.2f %12.2f %8.0f%%\n", r.name.c_str(), r.iteration.median * 1e3, r.compute.median * 1e3,
                  r.exchange.median * 1e3, hidden * 100);
     std::printf(
         "{\"suite\":\"overlap\",\"layout\":\"%s\",\"ranks\":%d,\"variant\":\"%s\",\"wire\":\"%s\",\"threshold_bytes\":%zu,"
@@ -1208,6 +1274,7 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
+  g_backward_order = backward_order(l, o.layout);
   std::string layout_name = o.layout;
   if (auto s = layout_name.find_last_of('/'); s != std::string::npos) layout_name = layout_name.substr(s + 1);
   if (auto d = layout_name.find(".tsv"); d != std::string::npos) layout_name = layout_name.substr(0, d);

@@ -34,6 +34,9 @@ constexpr float pixel_mean = 0.2860f, pixel_std = 0.3530f;
 // seeds 1-3 at 4 ranks); 16 and 32 channels keep a 3-seed study of six compositions within an
 // hour on 2 cores; the 128-wide hidden layer holds 97% of the weights (~0.8 MB of gradients per
 // iteration), so the exchange is not negligible next to backward.
+//
+// --unused-branch adds a residual block after fc1 (x + relu(branch(x))) that some iterations skip
+// (exchange_options::find_unused): its parameters then get no gradient on some ranks, or on all.
 struct NetImpl : torch::nn::Module {
   torch::nn::Conv2d conv1{torch::nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)};
   torch::nn::BatchNorm2d bn1{16};
@@ -41,18 +44,21 @@ struct NetImpl : torch::nn::Module {
   torch::nn::BatchNorm2d bn2{32};
   torch::nn::Linear fc1{32 * 7 * 7, 128};
   torch::nn::Linear fc2{128, 10};
-  NetImpl() {
+  torch::nn::Linear branch{nullptr};
+  explicit NetImpl(bool with_branch = false) {
     register_module("conv1", conv1);
     register_module("bn1", bn1);
     register_module("conv2", conv2);
     register_module("bn2", bn2);
     register_module("fc1", fc1);
     register_module("fc2", fc2);
+    if (with_branch) branch = register_module("branch", torch::nn::Linear(128, 128));
   }
-  torch::Tensor forward(torch::Tensor x) {
+  torch::Tensor forward(torch::Tensor x, bool use_branch = true) {
     x = torch::max_pool2d(torch::relu(bn1(conv1(x))), 2);
     x = torch::max_pool2d(torch::relu(bn2(conv2(x))), 2);
     x = torch::relu(fc1(x.flatten(1)));
+    if (branch && use_branch) x = x + torch::relu(branch(x));
     return fc2(x);
   }
 };
@@ -77,21 +83,35 @@ torch::Tensor labels(const std::vector<std::uint8_t>& y, const std::uint32_t* id
   return t;
 }
 
-// --probe N: the torch trainer's one extra flag, taken out before the shared parser sees argv.
-std::vector<const char*> take_probe(int argc, char** argv, std::size_t& probe) {
+// The torch trainer's own flags (loop_options), taken out before the shared parser sees argv.
+std::vector<const char*> take_loop_flags(int argc, char** argv, loop_options& lo) {
   std::vector<const char*> rest{argv[0]};
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) != "--probe") {
-      rest.push_back(argv[i]);
-      continue;
-    }
-    if (i + 1 >= argc) throw gflow::invalid_argument("--probe", "the option needs a value.", "write e.g. --probe 20.");
+  auto count = [&](int& i, const std::string& flag, std::size_t min, const char* example) {
+    if (i + 1 >= argc) throw gflow::invalid_argument(flag, "the option needs a value.", std::string("write e.g. ") + example + ".");
     const std::string v = argv[++i];
-    if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 6)
-      throw gflow::invalid_argument("--probe", "'" + v + "' is not a whole number of iterations.", "pass e.g. --probe 20, or leave the probe off.");
-    probe = std::stoul(v);
+    if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 6 || std::stoul(v) < min)
+      throw gflow::invalid_argument(flag, "'" + v + "' is not a whole number >= " + std::to_string(min) + ".", std::string("pass e.g. ") + example + ".");
+    return static_cast<std::size_t>(std::stoul(v));
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "--probe") lo.probe = count(i, f, 0, "--probe 20");
+    else if (f == "--accumulate") lo.accumulate = count(i, f, 1, "--accumulate 2");
+    else if (f == "--unused-branch") lo.unused_branch = true;
+    else if (f == "--uneven") lo.uneven = true;
+    else if (f == "--no-learn-order") lo.learn_order = false;
+    else rest.push_back(argv[i]);
   }
   return rest;
+}
+
+// --unused-branch: whether this rank's iteration `it` runs the branch. Alternate ranks use it, and
+// every fourth iteration no rank does (so some tensors are unused on some ranks, sometimes on all).
+bool branch_used(std::size_t it, int rank) { return it % 4 != 3 && (it + static_cast<std::size_t>(rank)) % 2 == 0; }
+
+// --uneven: rank r trains on fewer steps per epoch (up to a quarter fewer on the last rank).
+std::size_t steps_for(std::size_t steps, int rank, int ranks) {
+  return steps - (static_cast<std::size_t>(rank) * steps) / (4 * static_cast<std::size_t>(ranks));
 }
 
 struct timings {  // per-iteration sums, this rank
@@ -101,20 +121,27 @@ struct timings {  // per-iteration sums, this rank
 
 class cnn_session {
  public:
-  cnn_session(const options& o, gflow::mpi::transport& comm, const char* name, const port_factory& make_port, std::size_t probe)
-      : o_(o), comm_(comm), name_(name), probe_(probe) {
+  cnn_session(const options& o, gflow::mpi::transport& comm, const char* name, const port_factory& make_port, const loop_options& lo)
+      : o_(o), comm_(comm), name_(name), probe_(lo.probe), lo_(lo) {
     data_ = load_fashion_mnist(o.data_dir, o.train_limit);
     shard_ = shard_for(o, data_.train_images.count, comm.size(), comm.rank());
     ipe_ = shard_.size() / o.batch;
+    steps_ = ipe_ / lo.accumulate;
+    if (steps_ == 0)
+      throw gflow::invalid_argument("--accumulate", std::to_string(lo.accumulate) + " micro-batches per step, but this rank has " +
+                                                        std::to_string(ipe_) + " batches per epoch.",
+                                    "pass a smaller --accumulate, a smaller --batch or a larger --train-limit.");
     torch::manual_seed(o.seed);  // the same initial weights on every rank
-    net_ = Net();
+    net_ = Net(lo.unused_branch);
     std::vector<gflow::tensor_desc> tensors;
     for (const auto& item : net_->named_parameters()) {
       const torch::Tensor& p = item.value();
       tensors.push_back({item.key(), std::vector<std::size_t>(p.sizes().begin(), p.sizes().end()), static_cast<std::size_t>(p.numel())});
       params_.push_back(p);
     }
-    port_ = make_port(comm, gflow::Layout(tensors), o, ipe_);
+    port_ = make_port(comm, gflow::Layout(tensors), o, lo, steps_);
+    generation_ = port_->generation();
+    offsets_.assign(port_->offsets().begin(), port_->offsets().end());
     // Zero copy (DDP's gradient_as_bucket_view): the parameters live in one pool-shaped tensor
     // (CSC's chunk-wise step needs that) and each .grad is a view of its slot in gflow's pool.
     // Autograd's AccumulateGrad adds into a defined grad in place (variable_grad += new_grad),
@@ -154,7 +181,7 @@ class cnn_session {
   cnn_session(const cnn_session&) = delete;
   cnn_session& operator=(const cnn_session&) = delete;
 
-  std::size_t iterations_per_epoch() const { return ipe_; }
+  std::size_t iterations_per_epoch() const { return steps_; }
   const options& opts() const { return o_; }
 
   void train() {
@@ -167,13 +194,26 @@ class cnn_session {
       epoch_stats st;
       timings tm;
       const auto t0 = clock_type::now();
-      for (std::size_t it = 0; it < ipe_; ++it) {
-        const torch::Tensor x = images(data_.train_images, order.data() + it * o_.batch, o_.batch);
-        const torch::Tensor y = labels(data_.train_labels, order.data() + it * o_.batch, o_.batch);
+      const std::size_t steps = lo_.uneven ? steps_for(steps_, comm_.rank(), comm_.size()) : steps_;
+      for (std::size_t step_i = 0; step_i < steps; ++step_i) {
+        // --accumulate A: A micro-batches of --batch samples, all but the last under no_sync; each
+        // loss is divided by A, so the exchanged sum is the gradient of the mean over A * batch.
         const auto a = clock_type::now();
-        const float loss = forward_backward(x, y, scaler.scale());
+        float loss = 0.0f;
+        for (std::size_t m = 0; m < lo_.accumulate; ++m) {
+          const std::size_t it = step_i * lo_.accumulate + m;
+          const torch::Tensor x = images(data_.train_images, order.data() + it * o_.batch, o_.batch);
+          const torch::Tensor y = labels(data_.train_labels, order.data() + it * o_.batch, o_.batch);
+          const bool last = m + 1 == lo_.accumulate;
+          if (!last) port_->begin_no_sync();
+          loss += forward_backward(x, y, scaler.scale() / static_cast<float>(lo_.accumulate), /*zero=*/m == 0,
+                                   !lo_.unused_branch || branch_used(it, comm_.rank())) /
+                  static_cast<float>(lo_.accumulate);
+          if (!last) port_->end_no_sync();
+        }
         const auto b = clock_type::now();
         const gflow::exchange_status status = port_->finish();  // the averaged gradients are in .grad
+        rebind_if_moved();
         const auto c = clock_type::now();
         tm.backward += ms_since(backward_start_, b);
         tm.first_hook += ms_since(backward_start_, first_hook_);
@@ -186,7 +226,13 @@ class cnn_session {
         if (inv != 0.0f) step(inv);  // 0: non-finite, skipped on every rank
       }
       st.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
-      st.iterations = ipe_;
+      st.iterations = steps;
+      if (lo_.uneven) {
+        // This rank is out of data for the epoch: shadow the others until every rank is, then take
+        // the parameters (and optimizer state) of a rank that trained to the end.
+        const gflow::join_status js = port_->join();
+        sync_from(js.last_rank);
+      }
       end_epoch(epoch, st, tm);
     }
   }
@@ -210,16 +256,16 @@ class cnn_session {
     if (!mute_) port_->ready(i);
   }
 
-  float forward_backward(const torch::Tensor& x, const torch::Tensor& y, float scale) {
+  float forward_backward(const torch::Tensor& x, const torch::Tensor& y, float scale, bool zero = true, bool use_branch = true) {
     const std::span<float> pool = port_->pool();
-    std::fill(pool.begin(), pool.end(), 0.0f);  // AccumulateGrad adds into the pool
+    if (zero) std::fill(pool.begin(), pool.end(), 0.0f);  // AccumulateGrad adds into the pool (micro-batches add up)
     net_->train();
-    const torch::Tensor loss = torch::nn::functional::cross_entropy(net_->forward(x), y);
+    const torch::Tensor loss = torch::nn::functional::cross_entropy(net_->forward(x, use_branch), y);
     hooks_seen_ = 0;
     backward_start_ = clock_type::now();
     first_hook_ = backward_start_;
     (loss * scale).backward();
-    if (hooks_seen_ != params_.size())
+    if (hooks_seen_ != params_.size() && !lo_.unused_branch)
       throw gflow::usage_error("backward", std::to_string(hooks_seen_) + " of " + std::to_string(params_.size()) +
                                                " gradient hooks fired; gflow would wait for the others forever.",
                                "every parameter must take part in the loss (no unused layers).");
@@ -231,6 +277,48 @@ class cnn_session {
                                                  " instead of accumulating into gflow's pool.",
                                  "call backward() without create_graph, and do not assign .grad between iterations.");
     return loss.item<float>();
+  }
+
+  // learn_order moves the views once (generation() changes): the parameters follow into a new
+  // pool-shaped tensor at the new offsets, and every .grad is bound to its new slot.
+  void rebind_if_moved() {
+    if (port_->generation() == generation_) return;
+    generation_ = port_->generation();
+    torch::NoGradGuard ng;
+    torch::Tensor w = torch::zeros_like(weights_);
+    const std::span<float> hu = csc_opt_ ? csc_opt_->velocity() : std::span<float>{};
+    const std::vector<float> old_hu(hu.begin(), hu.end());  // CSC's velocity is pool-shaped: it moves too
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      torch::Tensor& p = params_[i];
+      const std::size_t to = port_->offsets()[i], n = static_cast<std::size_t>(p.numel());
+      torch::Tensor slot = w.narrow(0, static_cast<std::int64_t>(to), p.numel()).view(p.sizes());
+      slot.copy_(p);
+      p.set_data(slot);
+      p.mutable_grad() = torch::from_blob(port_->view(i).data(), p.sizes(), torch::kFloat);
+      if (!hu.empty()) std::copy_n(old_hu.begin() + static_cast<std::ptrdiff_t>(offsets_[i]), n, hu.begin() + static_cast<std::ptrdiff_t>(to));
+    }
+    weights_ = w;
+    offsets_.assign(port_->offsets().begin(), port_->offsets().end());
+  }
+
+  // After join(): the parameters, batch-norm buffers and momentum of rank `root` (one that
+  // trained in the last iteration) on every rank, so the replicas are equal again.
+  void sync_from(int root) {
+    torch::NoGradGuard ng;
+    auto bcast = [&](torch::Tensor t) {
+      if (t.defined() && t.scalar_type() == torch::kFloat && t.numel() > 0) comm_.broadcast(t.data_ptr<float>(), static_cast<std::size_t>(t.numel()), root);
+    };
+    bcast(weights_);
+    for (torch::Tensor& b : net_->buffers()) bcast(b);
+    if (csc_opt_) comm_.broadcast(csc_opt_->velocity().data(), csc_opt_->velocity().size(), root);
+    if (sgd_)
+      for (torch::Tensor& p : params_) {
+        auto& state = sgd_->state();
+        const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+        int have = state.count(key) ? 1 : 0, all = 0;
+        MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, comm_.comm());
+        if (all) bcast(static_cast<torch::optim::SGDParamState&>(*state.at(key)).momentum_buffer());
+      }
   }
 
   void step(float inv_scale) {
@@ -266,6 +354,7 @@ class cnn_session {
     auto exchange_all = [&] {
       for (std::size_t i = params_.size(); i-- > 0;) port_->ready(i);
       (void)port_->finish();
+      rebind_if_moved();
     };
     exchange_all();  // warm-up, untimed
     MPI_Barrier(comm_.comm());
@@ -356,7 +445,11 @@ class cnn_session {
   std::size_t probe_;
   dataset data_;
   std::vector<std::uint32_t> shard_;
-  std::size_t ipe_ = 0;
+  std::size_t ipe_ = 0;    // batches per epoch
+  std::size_t steps_ = 0;  // optimizer steps per epoch (ipe_ / --accumulate)
+  loop_options lo_;
+  std::uint64_t generation_ = 0;
+  std::vector<std::size_t> offsets_;  // the pool offsets weights_ is laid out in
   Net net_{nullptr};
   std::vector<torch::Tensor> params_;
   torch::Tensor weights_;  // every parameter, pool-shaped
@@ -380,17 +473,21 @@ class cnn_session {
 int run(int argc, char** argv, const char* name, const port_factory& make_port) {
   return run_frame(argc, argv, name, [&](gflow::mpi::transport& comm) -> std::function<int()> {
     torch::set_num_threads(1);  // several ranks share the machine's cores: one intra-op thread each
-    std::size_t probe = 0;
-    const std::vector<const char*> rest = take_probe(argc, argv, probe);
+    loop_options lo;
+    const std::vector<const char*> rest = take_loop_flags(argc, argv, lo);
     const options o = parse_cli(static_cast<int>(rest.size()), rest.data());
     if (o.help) {
       if (comm.rank() == 0)
         std::printf("%s  --probe N              timing probe: N iterations of compute alone and of exchange alone before training\n"
-                    "                         (adds compute_alone_ms, exchange_alone_ms, overlapped_ms, hidden to the RESULT line)\n",
+                    "                         (adds compute_alone_ms, exchange_alone_ms, overlapped_ms, hidden to the RESULT line)\n"
+                    "  --accumulate N         N micro-batches of --batch per optimizer step, all but the last under no_sync()\n"
+                    "  --unused-branch        a residual block after fc1 that some iterations skip (exchange_options::find_unused)\n"
+                    "  --uneven               rank r gets up to a quarter fewer steps per epoch; join() ends each epoch (dense only)\n"
+                    "  --no-learn-order       keep the pool in reverse layout order (learn_order is on by default)\n",
                     usage(name).c_str());
       return {};
     }
-    auto s = std::make_shared<cnn_session>(o, comm, name, make_port, probe);
+    auto s = std::make_shared<cnn_session>(o, comm, name, make_port, lo);
     return [s, name, &comm] {
       if (comm.rank() == 0) {
         std::printf("[%s] libtorch CNN, %d ranks, batch %zu per rank, %zu iterations per epoch, lr %g, momentum %g\n", name, comm.size(),

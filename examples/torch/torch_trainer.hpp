@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include <gflow/exchanger.hpp>
@@ -23,6 +24,23 @@
 #include "trainer.hpp"
 
 namespace trainer::torch_cnn {
+
+/// The torch trainer's own flags (taken out of argv before the shared parser sees it).
+struct loop_options {
+  std::size_t probe = 0;       // --probe N: timing probe iterations
+  std::size_t accumulate = 1;  // --accumulate N: micro-batches per optimizer step (no_sync)
+  bool unused_branch = false;  // --unused-branch: a residual block some iterations skip (find_unused)
+  bool uneven = false;         // --uneven: rank r gets fewer batches; join() at the end of each epoch
+  bool learn_order = true;     // --no-learn-order turns exchange_options::learn_order off
+  /// The exchanger options these flags ask for.
+  [[nodiscard]] gflow::exchange_options exchange() const {
+    gflow::exchange_options x;
+    x.find_unused = unused_branch;
+    x.uneven_inputs = uneven;
+    x.learn_order = learn_order;
+    return x;
+  }
+};
 
 /// One exchanger, type-erased: what the libtorch side needs of it.
 class exchange_port {
@@ -38,11 +56,17 @@ class exchange_port {
   /// must then update those chunks only (Algorithm 1). Empty / 0 for every other composition.
   virtual std::span<const std::uint32_t> selected_chunks() const { return {}; }
   virtual std::size_t chunk_elems() const { return 0; }
+  // Training loops: gradient accumulation (a no_sync scope from begin to end), join() for
+  // uneven inputs, and the pool's generation (it changes when learn_order moves the views).
+  virtual void begin_no_sync() = 0;
+  virtual void end_no_sync() = 0;
+  virtual gflow::join_status join() = 0;
+  virtual std::uint64_t generation() const = 0;
 };
 
 /// Builds the port for the model's layout, once the session knows it.
 using port_factory = std::function<std::unique_ptr<exchange_port>(gflow::mpi::transport&, const gflow::Layout&, const options&,
-                                                                   std::size_t iterations_per_epoch)>;
+                                                                   const loop_options&, std::size_t iterations_per_epoch)>;
 
 /// The whole program: MPI, options (the MLP trainer's flags plus --probe N), data, CNN, training.
 int run(int argc, char** argv, const char* name, const port_factory& make_port);
@@ -53,8 +77,8 @@ class port final : public exchange_port {
   using exchanger_t = typename Exchange::template on<gflow::mpi::transport>;
   using tr = composition_traits<exchanger_t>;
 
-  port(gflow::mpi::transport& comm, const gflow::Layout& layout, const options& o, std::size_t ipe)
-      : ex_(comm, layout), lso_(loss_scale_for<exchanger_t>(o)) {
+  port(gflow::mpi::transport& comm, const gflow::Layout& layout, const options& o, const loop_options& lo, std::size_t ipe)
+      : ex_(comm, layout, checked(lo).exchange()), lso_(loss_scale_for<exchanger_t>(o)) {
     configure_sparsifier(ex_, o, ipe);
   }
   std::span<float> view(std::size_t i) override { return ex_.view(i); }
@@ -71,16 +95,30 @@ class port final : public exchange_port {
     if constexpr (tr::is_csc) return ex_.sparsifier().chunk_elems();
     else return 0;
   }
+  void begin_no_sync() override { scope_.emplace(ex_.no_sync()); }
+  void end_no_sync() override { scope_.reset(); }
+  gflow::join_status join() override {
+    if constexpr (exchanger_t::policies::sparsifier::dense) return ex_.join();
+    else return {};  // refused by checked() at construction
+  }
+  std::uint64_t generation() const override { return ex_.generation(); }
 
  private:
+  static const loop_options& checked(const loop_options& lo) {
+    if (lo.uneven && !exchanger_t::policies::sparsifier::dense)
+      throw gflow::invalid_argument("--uneven", "join() shadows the other ranks with zero contributions, which a sparsifier's residual cannot be.",
+                                    "run --uneven with a dense composition (torch_dense, torch_fp16, torch_funneled, ...).");
+    return lo;
+  }
+  std::optional<gflow::no_sync_scope> scope_;
   exchanger_t ex_;
   gflow::optim::loss_scale_options lso_;
 };
 
 template <class Exchange>
 int main_for(int argc, char** argv, const char* name) {
-  return run(argc, argv, name, [](gflow::mpi::transport& comm, const gflow::Layout& layout, const options& o, std::size_t ipe) {
-    return std::unique_ptr<exchange_port>(std::make_unique<port<Exchange>>(comm, layout, o, ipe));
+  return run(argc, argv, name, [](gflow::mpi::transport& comm, const gflow::Layout& layout, const options& o, const loop_options& lo, std::size_t ipe) {
+    return std::unique_ptr<exchange_port>(std::make_unique<port<Exchange>>(comm, layout, o, lo, ipe));
   });
 }
 

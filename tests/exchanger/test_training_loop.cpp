@@ -526,6 +526,43 @@ TEST_CASE("learn_order: checkpoints keep the learned order; resume is bitwise; a
   });
 }
 
+TEST_CASE("learn_order: a corrupt learn_order field is a parse_error naming it") {
+  const Layout l = Layout::from_sizes({4, 4, 4});
+  mock_t m(1, 0);
+  exchange_options o;
+  o.learn_order = true;
+  on_mock<Exchanger<>> ex(m, l, o);
+  auto load = [&](std::uint64_t state, std::vector<std::uint64_t> order) {
+    std::ostringstream g;
+    detail::checkpoint_writer w(g);
+    detail::write_checkpoint_header(w, detail::make_checkpoint_identity<Exchanger<>::policies>(l, 0, 1, ex.pool_size()));
+    w.tag(detail::section_tag("EXCH"));
+    w.u64(1);
+    w.u64(0);
+    w.u64(0);
+    w.u64(state);
+    for (auto i : order) w.u64(i);
+    w.tag(detail::section_tag("TOPO"));
+    w.tag(detail::section_tag("SPRS"));
+    w.checksum();
+    w.finish();
+    std::istringstream in(g.str());
+    try {
+      ex.load_state(in);
+    } catch (const parse_error& e) {
+      CHECK(e.subject() == "learn_order");
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  CHECK(load(7, {}).find("the learn_order state is 7; 0, 1 or 2 were written.") != std::string::npos);
+  CHECK(load(2, {0, 2, 0}).find("the learned order names tensor 0 twice or past the layout.") != std::string::npos);
+  CHECK(load(2, {0, 2, 9}).find("the learned order names tensor 9 twice or past the layout.") != std::string::npos);
+  CHECK(load(2, {2, 0, 1}) == "loaded");
+  CHECK(ex.pool_plan().tensor_at == std::vector<std::size_t>{2, 0, 1});
+  CHECK(ex.generation() == 1);
+}
+
 TEST_CASE("the training-loop options are part of the cross-rank consistency check") {
   const Layout l = Layout::from_sizes({4});
   std::mutex mu;

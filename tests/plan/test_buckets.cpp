@@ -17,6 +17,32 @@ TEST_CASE("pool places tensors in generation order (reverse of forward)") {
   CHECK(p.offset[0] == 23);
 }
 
+TEST_CASE("plan_pool with an order: tensors placed in that order; an order that is not a permutation is refused") {
+  auto l = Layout::from_sizes({3, 5, 7, 11});
+  const std::vector<std::size_t> order{1, 3, 0, 2};
+  auto p = plan_pool(l, order);
+  CHECK(p.total == 26);
+  CHECK(p.tensor_at == order);
+  CHECK(p.offset[1] == 0);
+  CHECK(p.offset[3] == 5);
+  CHECK(p.offset[0] == 16);
+  CHECK(p.offset[2] == 19);
+  CHECK(plan_pool(l, reverse_order(4)).offset == plan_pool(l).offset);
+  auto refused = [&](std::vector<std::size_t> o) {
+    try {
+      (void)plan_pool(l, o);
+    } catch (const gflow::invalid_argument& e) {
+      CHECK(e.subject() == "order");
+      CHECK(std::string(e.what()).find("Fix: pass every layout index exactly once, in the order backward produces the gradients.") != std::string::npos);
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(refused({1, 3, 1, 2}).find("position 2 of the generation order names tensor 1, named before.") != std::string::npos);
+  CHECK(refused({1, 3, 4, 2}).find("position 2 of the generation order names tensor 4, past the layout's 4 tensors.") != std::string::npos);
+  CHECK(refused({1, 3}).find("the generation order names 2 tensors; the layout has 4.") != std::string::npos);
+}
+
 TEST_CASE("no fusion: one bucket per tensor, in pool order") {
   auto l = Layout::from_sizes({3, 5, 7, 11});
   auto p = plan_pool(l);

@@ -77,11 +77,16 @@ struct training_loop {
       ex.kernels_.copy(old.data(), ex.grads_.data(), ex.pool_.total);
       for (std::size_t i = 0; i < ex.layout_.size(); ++i)
         ex.kernels_.copy(ex.grads_.data() + next.offset[i], old.data() + ex.pool_.offset[i], ex.layout_[i].numel);
-      ex.kernels_.add_nonfinite(ex.kernels_.take_nonfinite());  // device: synchronises, so the copies are done before `old` goes
+      float first = 0.0f;  // a download synchronises (device): the copies are done before `old` goes
+      if (ex.pool_.total) ex.kernels_.download(&first, ex.grads_.data(), 1);
       ex.pool_ = std::move(next);
       ++ex.generation_;
     }
-    ex.buckets_ = plan::plan_buckets(ex.layout_, ex.pool_, {sizeof(typename Ex::wire_type), ex.threshold_, ex.first_bucket_});
+    plan::bucket_params prm;
+    prm.wire_bytes_per_element = sizeof(typename Ex::wire_type);
+    prm.threshold_bytes = ex.threshold_;
+    prm.first_bucket_bytes = ex.first_bucket_;
+    ex.buckets_ = plan::plan_buckets(ex.layout_, ex.pool_, prm);
     ex.sparsifier_->replan();
     ex.runner_->replan();
   }
