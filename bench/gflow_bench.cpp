@@ -378,15 +378,18 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
   std::optional<on_mpi<H2>> h2;
   std::optional<on_mpi<H4>> h4;
   std::optional<on_mpi<Hy>> hy;
-  auto add_topology = [&](auto& opt, const char* name) {
-    opt.emplace(tr, l, eo);
-    auto* e = &*opt;
+  // Another exchanger over the same pool contents, timed like gflow (every tensor ready, finish).
+  auto add_exchanger = [&](auto* e, const char* name) {
     vs.push_back({name, e->buckets().size(),
                   [e, &l] {
                     for (std::size_t k = l.size(); k-- > 0;) e->ready(k);
                     (void)e->finish();
                   },
                   [e, &fresh, total] { std::memcpy(e->pool_data(), fresh.data(), total * sizeof(float)); }, {}});
+  };
+  auto add_topology = [&](auto& opt, const char* name) {
+    opt.emplace(tr, l, eo);
+    add_exchanger(&*opt, name);
   };
   if (o.topologies && P >= 2) {
     add_topology(h2, "gflow_hierarchical2");
@@ -408,13 +411,7 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
     gflow::exchange_options e2 = eo;
     e2.*flag = true;
     opt.emplace(tr, l, e2);
-    auto* e = &*opt;
-    vs.push_back({name, e->buckets().size(),
-                  [e, &l] {
-                    for (std::size_t k = l.size(); k-- > 0;) e->ready(k);
-                    (void)e->finish();
-                  },
-                  [e, &fresh, total] { std::memcpy(e->pool_data(), fresh.data(), total * sizeof(float)); }, {}});
+    add_exchanger(&*opt, name);
   };
   if (o.loop_options) {
     add_with(ex_unused, "gflow_find_unused", &gflow::exchange_options::find_unused);
@@ -430,37 +427,20 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
     tl.emplace();
     ext->set_timeline(&*tl);
     tl->start(tr);
-    auto* e = &*ext;
-    vs.push_back({"gflow_traced", e->buckets().size(),
-                  [e, &l] {
-                    for (std::size_t k = l.size(); k-- > 0;) e->ready(k);
-                    (void)e->finish();
-                  },
-                  [e, &fresh, total] { std::memcpy(e->pool_data(), fresh.data(), total * sizeof(float)); }, {}});
+    add_exchanger(&*ext, "gflow_traced");
   }
   // The same exchanger on a transport without timeouts (plain blocking MPI calls on this
   // thread): what the default, timed transport costs is gflow / gflow_untimed.
   gflow::mpi::transport untimed(MPI_COMM_WORLD, std::chrono::milliseconds(0));
   on_mpi<E> ex0(untimed, l, eo);
-  vs.push_back({"gflow_untimed", ex0.buckets().size(),
-                [&] {
-                  for (std::size_t k = l.size(); k-- > 0;) ex0.ready(k);
-                  (void)ex0.finish();
-                },
-                [&] { std::memcpy(ex0.pool_data(), fresh.data(), total * sizeof(float)); }, {}});
+  add_exchanger(&ex0, "gflow_untimed");
   // With a 16-bit wire, the fp32 exchange of the same pool in the same run (bench/run exchange
   // --wire fp16 reports gflow / gflow_fp32).
   using E32 = gflow::Exchanger<gflow::Precision<gflow::wire::fp32>, gflow::Fusion<(4u << 20)>>;
   std::optional<on_mpi<E32>> ex32;
   if constexpr (!std::is_same_v<Wire, gflow::wire::fp32>) {
     ex32.emplace(tr, l, eo);
-    auto* e = &*ex32;
-    vs.push_back({"gflow_fp32", e->buckets().size(),
-                  [e, &l] {
-                    for (std::size_t k = l.size(); k-- > 0;) e->ready(k);
-                    (void)e->finish();
-                  },
-                  [e, &fresh, total] { std::memcpy(e->pool_data(), fresh.data(), total * sizeof(float)); }, {}});
+    add_exchanger(&*ex32, "gflow_fp32");
   }
 
   // Variants interleaved iteration by iteration, in a new random order every iteration (the same

@@ -14,6 +14,9 @@
 #   model     the alpha-beta fit + local work and its error at P = 2, 4, 8 (model_resnet50_<P>[_rN].jsonl)
 #   autotune  overlap --autotune, resnet50 and gpt2_small, 4 ranks, compute ratios 0.5, 1, 2; then
 #             resnet50 and resnet20 with --topology hybrid (the switch tuned too)
+#   loops     the training-loop options: overlap --learn-order on shared_late (a tensor ready late)
+#             and resnet50 (a control: its backward is the reverse order), 4 ranks; exchange --options
+#             on resnet50 (4 ranks) and resnet20 (2 ranks); N repeats; docs/learn_order.png
 # Run it alone on the machine: a compile or a test beside it makes the numbers worthless.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,11 +26,11 @@ sections=()
 while (($#)); do
   case "$1" in
     --repeats) repeats="$2"; shift 2 ;;
-    exchange|wire|kernels|sparse|topology|trace|model|autotune) sections+=("$1"); shift ;;
-    *) echo "bench/measure.sh: unknown argument '$1' (sections: exchange wire kernels sparse topology trace model autotune; --repeats N)" >&2; exit 2 ;;
+    exchange|wire|kernels|sparse|topology|trace|model|autotune|loops) sections+=("$1"); shift ;;
+    *) echo "bench/measure.sh: unknown argument '$1' (sections: exchange wire kernels sparse topology trace model autotune loops; --repeats N)" >&2; exit 2 ;;
   esac
 done
-((${#sections[@]})) || { echo "usage: bench/measure.sh exchange|wire|kernels|sparse|topology|trace|model|autotune... [--repeats N]" >&2; exit 2; }
+((${#sections[@]})) || { echo "usage: bench/measure.sh exchange|wire|kernels|sparse|topology|trace|model|autotune|loops... [--repeats N]" >&2; exit 2; }
 run() {  # run OUTFILE ARGS...: one bench/run invocation, progress on stderr
   local f="$1"; shift
   printf '[%s] bench/run %s > %s\n' "$(date +%T)" "$*" "${f#$root/}" >&2
@@ -84,6 +87,13 @@ for s in "${sections[@]}"; do
         run "$out/autotune_hybrid_${l}_4.jsonl" overlap --layout "$l" --ranks 4 --autotune --topology hybrid --compute-ratio 0.5,1,2
       done
       python3 "$root/bench/plot.py" autotune "$out"/autotune_*_4.jsonl ;;
+    loops)
+      for r in $(seq 1 "$repeats"); do
+        for l in shared_late resnet50; do run "$out/loops_overlap_${l}_4_r$r.jsonl" overlap --layout "$l" --ranks 4 --learn-order; done
+        run "$out/loops_options_resnet50_4_r$r.jsonl" exchange --layout resnet50 --ranks 4 --options
+        run "$out/loops_options_resnet20_2_r$r.jsonl" exchange --layout resnet20 --ranks 2 --options
+      done
+      python3 "$root/bench/plot.py" loops "$out"/loops_*.jsonl -o "$root/docs/learn_order.png" ;;
   esac
 done
 echo "[$(date +%T)] done" >&2

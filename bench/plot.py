@@ -20,6 +20,10 @@
   python3 bench/plot.py model RESULTS.jsonl... [-o docs/cost_model.png]
       model rows: the fit, the check against measured exchanges, predictions P = 2 .. 1024,
       and cross-P errors (the fit at one P against the exchanges measured at another).
+  python3 bench/plot.py loops RESULTS.jsonl... [-o docs/learn_order.png]
+      the training-loop options: overlap --learn-order rows (hidden fraction of each strategy with
+      and without learn_order, median and range over the files) and exchange --options rows (each
+      option's time over gflow's in the same run).
 Needs matplotlib (pip install matplotlib).
 """
 import argparse
@@ -35,7 +39,9 @@ def load(paths):
             for line in f:
                 line = line.strip()
                 if line.startswith("{"):
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
+                    row["_file"] = p
+                    rows.append(row)
     return rows
 
 
@@ -347,9 +353,64 @@ def model_report(rows, out=None):
         print("wrote", out)
 
 
+def loops_report(rows, out=None):
+    """Training-loop options: learn_order's recovered overlap, and each option's cost."""
+    import statistics
+    hidden = defaultdict(list)  # (layout, ranks, strategy, learned) -> [hidden fraction per run]
+    for r in rows:
+        if r.get("suite") == "overlap" and "hidden_fraction" in r:
+            v = r["variant"]
+            learned = v.endswith("+learn")
+            hidden[(r["layout"], r["ranks"], v[:-6] if learned else v, learned)].append(r["hidden_fraction"])
+    if hidden:
+        print("| layout | ranks | strategy | hidden, reverse layout order | hidden, learn_order | runs |")
+        print("|---|---:|---|---:|---:|---:|")
+        for (lay, P, strat, learned) in sorted(k for k in hidden if not k[3]):
+            a, b = hidden[(lay, P, strat, False)], hidden.get((lay, P, strat, True), [])
+            fmt = lambda xs: f"{100 * statistics.median(xs):.0f}% ({100 * min(xs):.0f}–{100 * max(xs):.0f})" if xs else "-"
+            print(f"| {lay} | {P} | {strat} | {fmt(a)} | {fmt(b)} | {len(a)} |")
+    cost = defaultdict(list)  # (layout, ranks, variant) -> [time / gflow's in the same run]
+    base = {}
+    for r in rows:
+        if r.get("suite") == "exchange" and r.get("variant") == "gflow":
+            base[(r["layout"], r["ranks"], r.get("_file"))] = r["median_s"]
+    for r in rows:
+        if r.get("suite") == "exchange" and r.get("variant", "").startswith(("gflow_find_unused", "gflow_uneven_inputs", "gflow_learn_order")):
+            b = base.get((r["layout"], r["ranks"], r.get("_file")))
+            if b:
+                cost[(r["layout"], r["ranks"], r["variant"])].append(r["median_s"] / b)
+    if cost:
+        print()
+        print("| layout | ranks | option | time / gflow (median, range over runs) | runs |")
+        print("|---|---:|---|---:|---:|")
+        for k in sorted(cost):
+            xs = cost[k]
+            print(f"| {k[0]} | {k[1]} | {k[2][6:]} | {statistics.median(xs):.3f} ({min(xs):.3f}–{max(xs):.3f}) | {len(xs)} |")
+    if out and hidden:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        keys = sorted(k for k in hidden if not k[3])
+        fig, ax = plt.subplots(figsize=(8, 3.6))
+        xs = range(len(keys))
+        for off, learned, label in ((-0.2, False, "pool in reverse layout order"), (0.2, True, "exchange_options::learn_order")):
+            med = [100 * statistics.median(hidden.get((k[0], k[1], k[2], learned), [0])) for k in keys]
+            lo = [m - 100 * min(hidden.get((k[0], k[1], k[2], learned), [0])) for m, k in zip(med, keys)]
+            hi = [100 * max(hidden.get((k[0], k[1], k[2], learned), [0])) - m for m, k in zip(med, keys)]
+            ax.bar([x + off for x in xs], med, 0.4, yerr=[lo, hi], capsize=3, label=label)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([f"{k[2]}\n{k[0]}, {k[1]} ranks" for k in keys], fontsize=8)
+        ax.set_ylabel("exchange hidden behind backward (%)")
+        ax.set_title("A tensor ready late: overlap without and with the learned order")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out, dpi=120)
+        print(f"\nwrote {out}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["sweep", "table", "sparse", "kernels", "trace", "autotune", "model"])
+    ap.add_argument("kind", choices=["sweep", "table", "sparse", "kernels", "trace", "autotune", "model", "loops"])
     ap.add_argument("inputs", nargs="+")
     ap.add_argument("-o", "--output")
     ap.add_argument("--iteration", type=int)
@@ -372,6 +433,8 @@ def main():
         autotune_table(rows, a.output)
     elif a.kind == "model":
         model_report(rows, a.output)
+    elif a.kind == "loops":
+        loops_report(rows, a.output)
     else:
         if not a.output:
             sys.exit("plot.py sweep: pass -o FILE.png")

@@ -12,10 +12,9 @@
 // ring, no overlap). The exchange plan (pool offsets, buckets) is computed once from the layout;
 // an iteration allocates nothing and makes no virtual call.
 //
-// Training-loop features (docs/DESIGN.md, "Training loops"): no_sync() accumulates micro-batches
-// before one exchange; exchange_options::find_unused exchanges unmarked tensors as zeros;
-// exchange_options::learn_order lays the pool out in rank 0's observed ready() order; join()
-// (exchange_options::uneven_inputs) shadows the others' iterations once a rank runs out of data.
+// Training loops (docs/DESIGN.md): no_sync() accumulates micro-batches; exchange_options::find_unused
+// exchanges unmarked tensors as zeros, learn_order lays the pool out in rank 0's ready() order, and
+// uneven_inputs lets a rank out of data join() (shadow the others' iterations with zeros).
 #include <cstddef>
 #include <cstdint>
 #include <istream>
@@ -179,7 +178,9 @@ class basic_exchanger : private detail::iteration_state {
 
   /// Uneven inputs (exchange_options::uneven_inputs): a rank with no more data calls join(). It
   /// shadows the other ranks' iterations with zero contributions (they average over the ranks
-  /// that contributed) and returns once every rank has called it.
+  /// that contributed) and returns once every rank has called it. (A template: an explicit
+  /// instantiation of a sparse composition's class leaves it out.)
+  template <int = 0>
   join_status join() { return detail::training_loop::join(*this); }
 
   /// Counts the re-layouts of the pool (learn_order, load_state): views obtained before a change

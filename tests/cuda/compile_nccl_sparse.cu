@@ -11,7 +11,11 @@ using topk_ex = gflow::Exchanger<gflow::Sparsifier<gflow::TopK<0.01>>, fp16>::on
 using gtopk_ex = gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.001>>, fp16>::on<T>;
 using csc_ex = gflow::Exchanger<gflow::Sparsifier<gflow::CSC<4096, 1>>, fp16>::on<T>;
 using gtopk_fused_ex = gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.001>>, fp16, gflow::Fusion<(1 << 20)>>::on<T>;
+// The training-loop features on device memory (no_sync, find_unused, learn_order, join): dense.
+using dense_ex = gflow::Exchanger<fp16, gflow::Fusion<(1 << 20)>, gflow::Overlap<gflow::Funneled>>::on<T>;
 }  // namespace gflow_compile
+template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::dense_ex::policies>;
+template gflow::join_status gflow::basic_exchanger<gflow_compile::T, gflow_compile::dense_ex::policies>::join<0>();
 
 template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::topk_ex::policies>;
 template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::gtopk_ex::policies>;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "accumulation_steps.hpp"
 #include "compositions.hpp"
 #include "test_values.hpp"
 
@@ -56,34 +57,7 @@ void accumulation_equals_one_exchange(int micro_batches) {
   inproc::run(3, [&](inproc::transport& t) {
     on_inproc<E> a(t, l), b(t, l);
     for (int step = 0; step < 3; ++step) {
-      // a: M micro-batches, all but the last under no_sync, backward adding into the views.
-      for (std::size_t i = 0; i < l.size(); ++i) std::fill(a.view(i).begin(), a.view(i).end(), 0.0f);
-      {
-        auto scope = a.no_sync();
-        for (int m = 0; m + 1 < micro_batches; ++m)
-          for (std::size_t i = l.size(); i-- > 0;) {
-            auto v = a.view(i);
-            for (std::size_t j = 0; j < v.size(); ++j) v[j] += micro(t.rank(), i, j, step, m);
-            a.ready(i);
-          }
-      }
-      for (std::size_t i = l.size(); i-- > 0;) {
-        auto v = a.view(i);
-        for (std::size_t j = 0; j < v.size(); ++j) v[j] += micro(t.rank(), i, j, step, micro_batches - 1);
-        a.ready(i);
-      }
-      (void)a.finish();
-      // b: the same sums, written at once, one exchange.
-      for (std::size_t i = l.size(); i-- > 0;) {
-        auto v = b.view(i);
-        for (std::size_t j = 0; j < v.size(); ++j) {
-          float s = 0.0f;
-          for (int m = 0; m < micro_batches; ++m) s += micro(t.rank(), i, j, step, m);
-          v[j] = s;
-        }
-        b.ready(i);
-      }
-      (void)b.finish();
+      accumulate_then_exchange(a, b, micro_batches, [&](std::size_t i, std::size_t j, int m) { return micro(t.rank(), i, j, step, m); });
       CHECK(a.iteration() == b.iteration());
     }
     std::lock_guard lk(mu);

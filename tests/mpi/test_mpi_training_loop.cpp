@@ -11,6 +11,7 @@
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mpi.hpp>
 
+#include "../accumulation_steps.hpp"
 #include "mpi_test_util.hpp"
 
 namespace {
@@ -39,32 +40,7 @@ TEST_CASE_TEMPLATE("mpi training loop: M micro-batches under no_sync are bitwise
   for (int M : {1, 3, 8}) {
     typename E::template on<gflow::mpi::transport> a(t, l), b(t, l);
     for (int step = 0; step < 3; ++step) {
-      for (std::size_t i = 0; i < l.size(); ++i) std::fill(a.view(i).begin(), a.view(i).end(), 0.0f);
-      {
-        auto s = a.no_sync();
-        for (int mb = 0; mb + 1 < M; ++mb)
-          for (std::size_t i = l.size(); i-- > 0;) {
-            auto v = a.view(i);
-            for (std::size_t j = 0; j < v.size(); ++j) v[j] += g(t.rank(), step, mb, i, j);
-            a.ready(i);
-          }
-      }
-      for (std::size_t i = l.size(); i-- > 0;) {
-        auto v = a.view(i);
-        for (std::size_t j = 0; j < v.size(); ++j) v[j] += g(t.rank(), step, M - 1, i, j);
-        a.ready(i);
-      }
-      (void)a.finish();
-      for (std::size_t i = l.size(); i-- > 0;) {
-        auto v = b.view(i);
-        for (std::size_t j = 0; j < v.size(); ++j) {
-          float s = 0.0f;
-          for (int mb = 0; mb < M; ++mb) s += g(t.rank(), step, mb, i, j);
-          v[j] = s;
-        }
-        b.ready(i);
-      }
-      (void)b.finish();
+      gflow_test::accumulate_then_exchange(a, b, M, [&](std::size_t i, std::size_t j, int mb) { return g(t.rank(), step, mb, i, j); });
       CHECK_MESSAGE(std::memcmp(a.pool_data(), b.pool_data(), a.pool_size() * sizeof(float)) == 0, "M = ", M, " step ", step);
     }
   }
