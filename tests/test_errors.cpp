@@ -441,7 +441,7 @@ TEST_CASE("errors: broadcast_parameters and verify_replicas (E68-E73)") {
                   });
   // E70: the replicas differ (tests/test_replicas.cpp checks the variants of the text).
   run_inproc_case({"E70", errc::mismatch, "values",
-                   {"verify_replicas: the replicas differ in 1 of 2 tensors. The first is tensor 1 (layout index, forward order) 't1' [4] (4 elements): "
+                   {"verify_replicas: the replicas differ in 1 of 2 tensors. The first is tensor 1 (layout index) 't1' [4] (4 elements): "
                     "ranks that differ from rank 0 there: 2; ranks that differ from the majority (2 of 3 ranks, rank 0 among them): 2. "
                     "Ranks whose values differ from rank 0's in any tensor: 2.",
                     raised, "Fix: start every rank from the same values (gflow::broadcast_parameters from one rank", "broadcast the values of a good rank again."},

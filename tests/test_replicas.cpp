@@ -153,7 +153,7 @@ TEST_CASE("replicas: one bit flipped in one tensor on one rank is named on every
           const std::string& s = msgs[static_cast<std::size_t>(r)];
           REQUIRE_MESSAGE(!s.empty(), "rank " << r << " raised nothing");
           CHECK(has(s, "gflow: rank mismatch in 'values': verify_replicas: the replicas differ in 1 of 4 tensors."));
-          CHECK(has(s, "The first is tensor " + std::to_string(tensor) + " (layout index, forward order) '" + l[tensor].name + "'"));
+          CHECK(has(s, "The first is tensor " + std::to_string(tensor) + " (layout index) '" + l[tensor].name + "'"));
           CHECK(has(s, "ranks that differ from rank 0 there: 2; ranks that differ from the majority (3 of 4 ranks, rank 0 among them): 2."));
           CHECK(has(s, "Ranks whose values differ from rank 0's in any tensor: 2."));
           CHECK(has(s, "Raised on rank " + std::to_string(r) + " of 4."));
@@ -167,7 +167,7 @@ TEST_CASE("replicas: one bit flipped in one tensor on one rank is named on every
     auto msgs = verify_on(2, l, [&](int rank, std::vector<float>& v) {
       if (rank == 1) flip_bit(v, offset_of(l, 2) + 5, 3);
     });
-    for (const auto& s : msgs) CHECK(has(s, "tensor 2 (layout index, forward order) 'fc.weight' [10x64] (640 elements): ranks that differ from rank 0 there: 1; "
+    for (const auto& s : msgs) CHECK(has(s, "tensor 2 (layout index) 'fc.weight' [10x64] (640 elements): ranks that differ from rank 0 there: 1; "
                                              "no bit pattern is held by a majority (2 different ones among 2 ranks)."));
   }
 }
@@ -180,7 +180,7 @@ TEST_CASE("replicas: several differing ranks; rank 0 the odd one out; no majorit
       if (rank == 4) flip_bit(v, offset_of(l, 1) + 63, 22);
     });
     for (const auto& s : msgs) {
-      CHECK(has(s, "the replicas differ in 2 of 4 tensors. The first is tensor 1 (layout index, forward order) 'conv1.bias' [64] (64 elements): "
+      CHECK(has(s, "the replicas differ in 2 of 4 tensors. The first is tensor 1 (layout index) 'conv1.bias' [64] (64 elements): "
                    "ranks that differ from rank 0 there: 4; ranks that differ from the majority (4 of 5 ranks, rank 0 among them): 4."));
       CHECK(has(s, "Ranks whose values differ from rank 0's in any tensor: 1, 3, 4."));
     }
@@ -190,7 +190,7 @@ TEST_CASE("replicas: several differing ranks; rank 0 the odd one out; no majorit
       if (rank == 0) flip_bit(v, 100, 0);
     });
     for (const auto& s : msgs)
-      CHECK(has(s, "tensor 0 (layout index, forward order) 'conv1.weight' [64x3x7x7] (9408 elements): ranks that differ from rank 0 there: 1, 2; "
+      CHECK(has(s, "tensor 0 (layout index) 'conv1.weight' [64x3x7x7] (9408 elements): ranks that differ from rank 0 there: 1, 2; "
                    "ranks that differ from the majority (2 of 3 ranks, rank 0 not among them): 0."));
   }
   SUBCASE("two halves: no majority") {

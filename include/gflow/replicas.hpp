@@ -10,9 +10,9 @@
 // (count, root) on the control channel: ranks that pass different counts or roots raise the same
 // error on every rank instead of truncating or hanging.
 //
-// verify_replicas(t, values, layout) fingerprints each tensor of `values` (laid out as `layout`
-// says, forward order, support/fingerprint.hpp's values_fingerprint: bitwise, so -0.0 and +0.0 or
-// two NaN payloads differ) and all_gathers one header of 5 u64 per rank: layout fingerprint,
+// verify_replicas(t, values, layout) fingerprints each tensor of `values` (the layout's tensors
+// back to back, in the layout's order; support/fingerprint.hpp's values_fingerprint: bitwise, so
+// -0.0 and +0.0 or two NaN payloads differ) and all_gathers one header of 5 u64 per rank: layout fingerprint,
 // tensor count, values.size(), layout.total_numel() and a digest of the per-tensor fingerprints.
 // When all agree that is the whole cost. Otherwise the ranks all_gather the per-tensor
 // fingerprints and EVERY rank raises the same error: invalid_argument('values') when some rank's
@@ -103,7 +103,7 @@ void check_replicas(T& t, std::span<const float> values, const Layout& layout) {
                                 std::to_string(want) + " elements in " + std::to_string(tensors) + " tensors" + also + "." +
                                 detail::raised_on(t.rank(), P),
                             "pass the span of all the parameters and buffers the layout describes, layout.total_numel() floats in "
-                            "layout order (forward order).");
+                            "the layout's order.");
   };
   const bool size_ok = values.size() == total;
   if (P <= 1) {
@@ -163,11 +163,11 @@ void check_replicas(T& t, std::span<const float> values, const Layout& layout) {
       }
   std::string what = "verify_replicas: the replicas differ";
   if (first == n) {
-    // Only the digests differ: their fingerprints collided (not seen; kept so every rank still raises).
+    // Unreachable (the digest is a function of the fingerprints); kept so that every rank raises.
     what += " (digests only; ranks whose digest differs from rank 0's: " + detail::rank_list(other_digest) + ").";
   } else {
     what += " in " + std::to_string(differing) + " of " + std::to_string(n) + " tensors. The first is tensor " + std::to_string(first) +
-            " (layout index, forward order) " + detail::describe_tensor(layout, first) + ": " + detail::replica_difference(fps, n, first, P) +
+            " (layout index) " + detail::describe_tensor(layout, first) + ": " + detail::replica_difference(fps, n, first, P) +
             " Ranks whose values differ from rank 0's in any tensor: " + detail::rank_list(anywhere) + ".";
   }
   throw mismatch_error("values", what + detail::raised_on(t.rank(), P),
@@ -222,7 +222,7 @@ void broadcast_parameters(T& t, std::span<float> values, int root = 0) {
   if (!values.empty()) t.broadcast(values.data(), values.size(), rt);
 }
 
-/// Raises on every rank when the replicas' `values` (laid out as `layout`, forward order) are not
+/// Raises on every rank when the replicas' `values` (the layout's tensors back to back, in its order) are not
 /// bitwise equal; returns otherwise. Collective over t; costs one all_gather of 5 u64 per rank
 /// (and a pass over the values) when they are equal.
 template <transport T>

@@ -88,7 +88,7 @@ GFLOW_CUDA_TEST("device", replicas_device_broadcast_then_verify) {
       if (P == 1) {
         EXPECT(s.empty());
       } else {
-        EXPECT_MSG(s.find("The first is tensor 2 (layout index, forward order) 'fc.weight' [10x16] (160 elements): ranks that differ from rank 0 there: 1;") !=
+        EXPECT_MSG(s.find("The first is tensor 2 (layout index) 'fc.weight' [10x16] (160 elements): ranks that differ from rank 0 there: 1;") !=
                        std::string::npos,
                    s);
       }

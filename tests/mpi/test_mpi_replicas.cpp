@@ -62,7 +62,7 @@ TEST_CASE("mpi replicas: broadcast makes differently seeded replicas bitwise equ
   const std::string s = mismatch_of([&] { gflow::verify_replicas(t, v, l); });
   if (P > 1) {
     CHECK(has(s, "values|gflow: rank mismatch in 'values': verify_replicas: the replicas differ in 1 of " + std::to_string(l.size()) + " tensors."));
-    CHECK(has(s, "The first is tensor 5 (layout index, forward order) '" + l[5].name + "'"));
+    CHECK(has(s, "The first is tensor 5 (layout index) '" + l[5].name + "'"));
     CHECK(has(s, "ranks that differ from rank 0 there: " + std::to_string(P - 1) + ";"));
     CHECK(has(s, "Raised on rank " + std::to_string(t.rank()) + " of " + std::to_string(P) + "."));
   } else {
@@ -83,7 +83,7 @@ TEST_CASE("mpi replicas: several ranks differ; bad sizes, layouts and roots are 
     if (t.rank() == 1 || t.rank() == 3) v[800 + 64 + 2] += 1.0f;  // tensor 2 ('block.b')
     if (t.rank() == 2) v[800 + 64 + 8 + 1] = -v[800 + 64 + 8 + 1];  // tensor 3 ('head')
     const std::string s = mismatch_of([&] { gflow::verify_replicas(t, v, l); });
-    CHECK(has(s, "the replicas differ in 2 of 4 tensors. The first is tensor 2 (layout index, forward order) 'block.b' [8] (8 elements): "
+    CHECK(has(s, "the replicas differ in 2 of 4 tensors. The first is tensor 2 (layout index) 'block.b' [8] (8 elements): "
                  "ranks that differ from rank 0 there: 1, 3;"));
     CHECK(has(s, "Ranks whose values differ from rank 0's in any tensor: 1, 2, 3."));
   }
