@@ -412,3 +412,81 @@ TEST_CASE("errors: the in-process transport's timeouts and point-to-point faults
     CHECK(seen == 2);
   }
 }
+
+// ---- replicas: broadcast_parameters and verify_replicas (replicas.hpp) --------------------------------
+
+TEST_CASE("errors: broadcast_parameters and verify_replicas (E68-E73)") {
+  const Layout l = Layout::from_sizes({6, 4});
+  const std::string raised = "Raised on rank ";
+  // E68: values.size() is not the layout's element count: on one rank (every rank raises), or alone.
+  const error_case e68{"E68", errc::invalid_argument, "values",
+                       {"verify_replicas: rank 1 passed 9 values; its layout holds 10 elements in 2 tensors; ranks whose count is wrong: 1.", raised,
+                        "Fix: pass the span of all the parameters and buffers the layout describes, layout.total_numel() floats"},
+                       {}};
+  run_inproc_case(e68, 3, [&](inproc::transport& t) {
+    std::vector<float> v(t.rank() == 1 ? 9 : 10, 1.0f);
+    verify_replicas(t, v, l);
+  });
+  run_table({{"E68", errc::invalid_argument, "values", {"verify_replicas: rank 0 passed 11 values; its layout holds 10 elements in 2 tensors.", "Raised on rank 0 of 1."},
+              [&] {
+                mock::transport solo(1, 0);
+                std::vector<float> v(11);
+                verify_replicas(solo, v, l);
+              }}});
+  // E69: the ranks pass different layouts.
+  run_inproc_case({"E69", errc::mismatch, "layout",
+                   {"verify_replicas: the ranks pass different layouts (layout fingerprint of names, shapes and order; 2 tensors on rank 0, 3 on rank 2); "
+                    "ranks whose layout differs from rank 0's: 2.",
+                    "Fix: pass the same Layout on every rank"},
+                   {}},
+                  3, [&](inproc::transport& t) {
+                    const Layout mine = t.rank() == 2 ? Layout::from_sizes({6, 2, 2}) : l;
+                    std::vector<float> v(10, 1.0f);
+                    verify_replicas(t, v, mine);
+                  });
+  // E70: the replicas differ (tests/test_replicas.cpp checks the variants of the text).
+  run_inproc_case({"E70", errc::mismatch, "values",
+                   {"verify_replicas: the replicas differ in 1 of 2 tensors. The first is tensor 1 (layout index) 't1' [4] (4 elements): "
+                    "ranks that differ from rank 0 there: 2; ranks that differ from the majority (2 of 3 ranks, rank 0 among them): 2. "
+                    "Ranks whose values differ from rank 0's in any tensor: 2.",
+                    raised, "Fix: start every rank from the same values (gflow::broadcast_parameters from one rank", "broadcast the values of a good rank again."},
+                   {}},
+                  3, [&](inproc::transport& t) {
+                    std::vector<float> v(10, 1.0f);
+                    if (t.rank() == 2) v[7] = std::nextafter(1.0f, 2.0f);
+                    verify_replicas(t, v, l);
+                  });
+  // E71: a root outside the group, named by one rank only: every rank raises.
+  const error_case e71{"E71", errc::invalid_argument, "root",
+                       {"broadcast_parameters: root 3 is outside the group of 3 ranks.", "Fix: pass the rank whose values every rank takes, in [0, 3); usually 0."},
+                       {}};
+  run_inproc_case(e71, 3, [&](inproc::transport& t) {
+    std::vector<float> v(10, 1.0f);
+    broadcast_parameters(t, v, t.rank() == 1 ? 3 : 0);
+  });
+  run_table({{"E71", errc::invalid_argument, "root", {"broadcast_parameters: root -1 is outside the group of 1 ranks.", "in [0, 1); usually 0."},
+              [&] {
+                mock::transport solo(1, 0);
+                std::vector<float> v(3);
+                broadcast_parameters(solo, v, -1);
+              }}});
+  // E72: the ranks name different roots (each inside the group).
+  run_inproc_case({"E72", errc::mismatch, "root",
+                   {"broadcast_parameters: the ranks name different roots: rank 0 names 0, rank 2 names 1; ranks whose root differs from rank 0's: 2.", raised,
+                    "Fix: pass the same root on every rank."},
+                   {}},
+                  3, [&](inproc::transport& t) {
+                    std::vector<float> v(10, 1.0f);
+                    broadcast_parameters(t, v, t.rank() == 2 ? 1 : 0);
+                  });
+  // E73: the ranks pass different element counts (an MPI broadcast would truncate or hang).
+  run_inproc_case({"E73", errc::mismatch, "values",
+                   {"broadcast_parameters: the ranks pass different element counts: the root, rank 1, passes 10, rank 0 passes 8; "
+                    "ranks whose count differs from the root's: 0.",
+                    raised, "Fix: pass the same parameter vector (the same model, all its parameters and buffers) on every rank."},
+                   {}},
+                  2, [&](inproc::transport& t) {
+                    std::vector<float> v(t.rank() == 0 ? 8 : 10, 1.0f);
+                    broadcast_parameters(t, v, 1);
+                  });
+}

@@ -139,9 +139,11 @@ class cnn_session {
       tensors.push_back({item.key(), std::vector<std::size_t>(p.sizes().begin(), p.sizes().end()), static_cast<std::size_t>(p.numel())});
       params_.push_back(p);
     }
-    port_ = make_port(comm, gflow::Layout(tensors), o, lo, steps_);
+    layout_ = gflow::Layout(tensors);
+    port_ = make_port(comm, layout_, o, lo, steps_);
     generation_ = port_->generation();
     offsets_.assign(port_->offsets().begin(), port_->offsets().end());
+    weights_layout_ = pool_order_layout(layout_, port_->offsets());
     // Zero copy (DDP's gradient_as_bucket_view): the parameters live in one pool-shaped tensor
     // (CSC's chunk-wise step needs that) and each .grad is a view of its slot in gflow's pool.
     // Autograd's AccumulateGrad adds into a defined grad in place (variable_grad += new_grad),
@@ -186,6 +188,7 @@ class cnn_session {
 
   void train() {
     gflow::optim::dynamic_loss_scale scaler(port_->loss_scale());
+    start_equal();
     if (probe_ > 0) run_probe();
     for (int epoch = 0; epoch < o_.epochs; ++epoch) {
       std::vector<std::uint32_t> order = shard_;  // reshuffled per rank and epoch, from the seed
@@ -196,6 +199,11 @@ class cnn_session {
       const auto t0 = clock_type::now();
       const std::size_t steps = lo_.uneven ? steps_for(steps_, comm_.rank(), comm_.size()) : steps_;
       for (std::size_t step_i = 0; step_i < steps; ++step_i) {
+        // --verify-replicas N: before every N-th step (with --uneven the ranks' step counts differ,
+        // so the check comes at the end of the epoch instead, once the replicas are synchronised).
+        const std::uint64_t done = static_cast<std::uint64_t>(epoch) * steps_ + step_i;  // steps so far
+        if (o_.verify_replicas > 0 && !lo_.uneven && done > 0 && done % o_.verify_replicas == 0)
+          gflow::verify_replicas(comm_, weights(), weights_layout_);
         // --accumulate A: A micro-batches of --batch samples, all but the last under no_sync; each
         // loss is divided by A, so the exchanged sum is the gradient of the mean over A * batch.
         const auto a = clock_type::now();
@@ -232,6 +240,7 @@ class cnn_session {
         // the parameters (and optimizer state) of a rank that trained to the end.
         const gflow::join_status js = port_->join();
         sync_from(js.last_rank);
+        if (o_.verify_replicas > 0) gflow::verify_replicas(comm_, weights(), weights_layout_);
       }
       end_epoch(epoch, st, tm);
     }
@@ -299,6 +308,7 @@ class cnn_session {
     }
     weights_ = w;
     offsets_.assign(port_->offsets().begin(), port_->offsets().end());
+    weights_layout_ = pool_order_layout(layout_, port_->offsets());
   }
 
   // After join(): the parameters, batch-norm buffers and momentum of rank `root` (one that
@@ -367,6 +377,34 @@ class cnn_session {
     std::fill(port_->pool().begin(), port_->pool().end(), 0.0f);
   }
 
+  // ---- replicas (issue 23) -----------------------------------------------------------------
+  std::span<float> weights() { return {weights_.data_ptr<float>(), static_cast<std::size_t>(weights_.numel())}; }
+  std::vector<torch::Tensor> float_buffers() {
+    std::vector<torch::Tensor> out;
+    for (torch::Tensor& b : net_->buffers())
+      if (b.scalar_type() == torch::kFloat) out.push_back(b);  // num_batches_tracked: the same on every rank
+    return out;
+  }
+  // Replicas start equal: rank 0's parameters and batch-norm statistics, not only the same seed.
+  void start_equal() {
+    torch::NoGradGuard ng;
+    gflow::broadcast_parameters(comm_, weights(), 0);
+    for (torch::Tensor& b : float_buffers()) gflow::broadcast_parameters(comm_, {b.data_ptr<float>(), static_cast<std::size_t>(b.numel())}, 0);
+  }
+  // --verify-replicas: the buffers are equal only once averaged (end of epoch); checked there.
+  void verify_buffers() {
+    std::vector<gflow::tensor_desc> tensors;
+    std::vector<float> values;
+    for (const auto& item : net_->named_buffers()) {
+      const torch::Tensor& b = item.value();
+      if (b.scalar_type() != torch::kFloat) continue;
+      tensors.push_back({item.key(), std::vector<std::size_t>(b.sizes().begin(), b.sizes().end()), static_cast<std::size_t>(b.numel())});
+      const torch::Tensor c = b.contiguous();
+      values.insert(values.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+    }
+    if (!tensors.empty()) gflow::verify_replicas(comm_, values, gflow::Layout(tensors));
+  }
+
   // Batch norm's running statistics are buffers, not gradients: each rank keeps its own while
   // training; before evaluation they are averaged over the ranks (every rank then evaluates the
   // same model), and training continues from the averages.
@@ -381,6 +419,7 @@ class cnn_session {
 
   void end_epoch(int epoch, const epoch_stats& st, const timings& tm) {
     average_buffers();
+    if (o_.verify_replicas > 0) verify_buffers();
     const int P = comm_.size(), r = comm_.rank();
     const std::size_t n = data_.test_images.count;
     const std::size_t lo = n * static_cast<std::size_t>(r) / static_cast<std::size_t>(P);
@@ -450,9 +489,11 @@ class cnn_session {
   loop_options lo_;
   std::uint64_t generation_ = 0;
   std::vector<std::size_t> offsets_;  // the pool offsets weights_ is laid out in
+  gflow::Layout layout_;              // the parameters, in named_parameters() order
   Net net_{nullptr};
   std::vector<torch::Tensor> params_;
   torch::Tensor weights_;  // every parameter, pool-shaped
+  gflow::Layout weights_layout_;  // weights_'s tensors in pool order (verify_replicas)
   std::unique_ptr<exchange_port> port_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::optional<torch::optim::SGD> sgd_;

@@ -31,6 +31,17 @@ std::uint64_t parse_count(const std::string& flag, const std::string& v, std::ui
   return x;
 }
 
+// ---- issue 23: replicas (kept apart from the loop below, which other flags extend) ---------------
+// --verify-replicas N: gflow::verify_replicas every N steps (0: off, the default). Returns true
+// when argv[i] was this flag (its value consumed).
+bool parse_replica_option(options& o, int& i, int argc, const char* const* argv) {
+  const std::string flag = argv[i];
+  if (flag != "--verify-replicas") return false;
+  if (i + 1 >= argc) throw gflow::invalid_argument(flag, "the option needs a value.", "write e.g. --verify-replicas 100 (0: off).");
+  o.verify_replicas = parse_count(flag, argv[++i], 0);
+  return true;
+}
+
 }  // namespace
 
 std::string usage(const std::string& program) {
@@ -51,6 +62,7 @@ std::string usage(const std::string& program) {
          "  --rho R                elastic coupling (EASGD binaries; default 0.9 / (lr * P))\n"
          "  --csv FILE             per-epoch rows (rank 0)\n"
          "  --trace FILE           Chrome trace-event JSON of the exchanges, every rank (open in Perfetto; first ~260k events per rank)\n"
+         "  --verify-replicas N    check every N steps that the ranks' parameters are bitwise equal (gflow::verify_replicas; default 0: off)\n"
          "  --check-acc A          exit 3 unless the final test accuracy (percent) >= A and the training loss fell\n"
          "  --help\n";
 }
@@ -63,6 +75,7 @@ options parse_cli(int argc, const char* const* argv) {
       o.help = true;
       continue;
     }
+    if (parse_replica_option(o, i, argc, argv)) continue;
     static const char* const known[] = {"--data", "--epochs", "--batch", "--lr", "--momentum", "--weight-decay", "--seed", "--train-limit",
                                         "--warmup-iters", "--loss-scale", "--loss-scale-init", "--loss-scale-window", "--lars", "--rho",
                                         "--csv", "--check-acc", "--trace"};

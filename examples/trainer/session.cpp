@@ -161,6 +161,15 @@ session::~session() {
   if (p_ && p_->csv) std::fclose(p_->csv);
 }
 
+gflow::Layout pool_order_layout(const gflow::Layout& layout, std::span<const std::size_t> offsets) {
+  std::vector<std::size_t> by_offset(layout.size());
+  for (std::size_t i = 0; i < by_offset.size(); ++i) by_offset[i] = i;
+  std::sort(by_offset.begin(), by_offset.end(), [&](std::size_t a, std::size_t b) { return offsets[a] < offsets[b]; });
+  std::vector<gflow::tensor_desc> tensors;
+  for (std::size_t i : by_offset) tensors.push_back(layout[i]);
+  return gflow::Layout(std::move(tensors));
+}
+
 const options& session::opts() const noexcept { return p_->o; }
 gflow::mpi::transport& session::comm() noexcept { return *p_->comm; }
 const gflow::Layout& session::layout() const noexcept { return p_->layout; }

@@ -53,10 +53,16 @@ void train(session& s) {
   const grad_sink sink{[&](std::size_t i) { return ex.view(i); }, [&](std::size_t i) { ex.ready(i); }};
   std::span<float> w = s.params();
   const std::span<float> g{ex.pool_data(), ex.pool_size()};
+  // Replicas start equal (rank 0's parameters, not only the same seed); --verify-replicas N
+  // checks every N steps that they stay so (gflow::mismatch_error on every rank otherwise).
+  gflow::broadcast_parameters(s.comm(), w, 0);
+  const gflow::Layout w_layout = pool_order_layout(s.layout(), s.offsets());
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
     epoch_stats st;
     const auto t0 = std::chrono::steady_clock::now();
     for (std::size_t it = 0; it < s.iterations_per_epoch(); ++it) {
+      const std::uint64_t done = static_cast<std::uint64_t>(epoch) * s.iterations_per_epoch() + it;  // steps so far
+      if (o.verify_replicas > 0 && done > 0 && done % o.verify_replicas == 0) gflow::verify_replicas(s.comm(), w, w_layout);
       st.loss_sum += s.train_batch(epoch, it, w, sink, scaler.scale());
       const gflow::exchange_status status = ex.finish();  // averaged gradients in the pool
       const float inv = account_step(st, status, scaler);

@@ -38,6 +38,7 @@ struct options {
   double check_acc = -1.0;         // >= 0: exit 3 unless final accuracy >= this and the loss fell
   std::string csv;                 // per-epoch rows (rank 0)
   std::string trace;               // Chrome trace of the exchanges (every rank, written by rank 0)
+  std::uint64_t verify_replicas = 0;  // --verify-replicas N: gflow::verify_replicas every N steps; 0: off
   bool help = false;
 };
 
@@ -125,6 +126,10 @@ void sum_over_ranks(double* v, int n, MPI_Comm comm);
 /// Setup (options, data, model) may fail on some ranks only: agree before any collective of the
 /// training loop. The lowest failing rank prints its error; false when any rank failed.
 bool agree_setup(gflow::mpi::transport& comm, const std::string& err, const char* name);
+
+/// The layout of a pool-shaped buffer (tensor i at offsets[i]): the tensors in buffer order, so
+/// that gflow::verify_replicas can read the model's parameters as they lie in memory.
+gflow::Layout pool_order_layout(const gflow::Layout& layout, std::span<const std::size_t> offsets);
 
 /// What the RESULT line reports about a whole run (rank-averaged where it says so).
 struct run_totals {

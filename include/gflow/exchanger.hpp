@@ -40,6 +40,7 @@
 #include "layout.hpp"
 #include "plan/buckets.hpp"
 #include "plan/pool.hpp"
+#include "replicas.hpp"
 #include "timeline.hpp"
 #include "tuner.hpp"
 #include "transport/transport.hpp"

@@ -35,3 +35,8 @@ template class gflow::detail::csc_engine<gflow_compile::ctx32, 4096, 1>;
 static_assert(gflow::detail::sparsifier_engine<gflow::CSC<4096, 1>::engine<gflow_compile::ctx>, gflow_compile::ctx>);
 static_assert(gflow::detail::sparsifier_engine<gflow::detail::topk_engine<gflow_compile::ctx, 0.01, false>, gflow_compile::ctx>);
 static_assert(gflow::detail::backend_for_transport<gflow::detail::device_backend, gflow_compile::T>);
+
+// broadcast_parameters / verify_replicas on the NCCL transport (device pointers; replicas.hpp,
+// cuda/replicas.cuh), instantiated as a trainer would call them.
+template void gflow::broadcast_parameters<gflow_compile::T>(gflow_compile::T&, std::span<float>, int);
+template void gflow::verify_replicas<gflow_compile::T>(gflow_compile::T&, std::span<const float>, const gflow::Layout&);

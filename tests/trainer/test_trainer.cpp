@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <gflow/error.hpp>
+#include <gflow/plan/pool.hpp>
 
 #include "trainer.hpp"
 
@@ -179,6 +180,31 @@ TEST_CASE("options: defaults, values and bad input") {
   CHECK(has(error_of<E>([&] { parse({"--lr", "nan"}); }), "not a finite number"));
   CHECK(has(error_of<E>([&] { parse({"--lr"}); }), "needs a value"));
   CHECK(has(error_of<E>([&] { parse({"--loss-scale", "-4"}); }), "must be positive"));
+}
+
+TEST_CASE("options: --verify-replicas N (issue 23)") {
+  auto parse = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "train");
+    return trainer::parse_cli(static_cast<int>(args.size()), args.data());
+  };
+  CHECK(parse({}).verify_replicas == 0);  // off by default
+  const auto o = parse({"--lr", "0.1", "--verify-replicas", "25", "--epochs", "2"});
+  CHECK(o.verify_replicas == 25);
+  CHECK(o.epochs == 2);
+  CHECK(parse({"--verify-replicas", "0"}).verify_replicas == 0);
+  using E = gflow::invalid_argument;
+  CHECK(has(error_of<E>([&] { parse({"--verify-replicas", "-1"}); }), "in '--verify-replicas': '-1' is not a whole number >= 0."));
+  CHECK(has(error_of<E>([&] { parse({"--verify-replicas"}); }), "in '--verify-replicas': the option needs a value. Fix: write e.g. --verify-replicas 100"));
+}
+
+TEST_CASE("pool_order_layout: the tensors in buffer order") {
+  const auto l = trainer::mlp_layout();
+  const auto plan = gflow::plan::plan_pool(l);
+  const gflow::Layout p = trainer::pool_order_layout(l, plan.offset);
+  REQUIRE(p.size() == l.size());
+  for (std::size_t k = 0; k < p.size(); ++k) CHECK(p[k].name == l[plan.tensor_at[k]].name);  // generation order: fc3.bias first
+  CHECK(p[0].name == "fc3.bias");
+  CHECK(p.total_numel() == l.total_numel());
 }
 
 TEST_CASE("the MLP's layout") {

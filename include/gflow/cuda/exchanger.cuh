@@ -12,6 +12,8 @@
 #include "device_backend.cuh"
 // The backend specialisation above must be visible before the Exchanger is instantiated.
 #include "../exchanger.hpp"
+// verify_replicas on device memory (a copy to the host, then the host fingerprint).
+#include "replicas.cuh"
 
 #if __has_include(<nccl.h>)
 #include "../transport/nccl.hpp"

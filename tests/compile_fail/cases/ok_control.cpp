@@ -7,6 +7,9 @@
 #include <gflow/transport/inproc.hpp>
 #include <gflow/transport/mock.hpp>
 
+#include <span>
+#include <vector>
+
 #include "fake_transports.hpp"
 
 static_assert(gflow::transport<gflow_test::device_transport>);
@@ -30,5 +33,12 @@ static_assert(sizeof(gflow::Exchanger<gflow::Sparsifier<gflow::TopK<0.01>>, gflo
 static_assert(sizeof(gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.01>>, gflow::Overlap<gflow::Funneled>>::on<gflow::mock::transport>) > 0);
 static_assert(sizeof(gflow::Exchanger<gflow::Fusion<1024>, gflow::Overlap<gflow::Concurrent<2>>>::on<gflow::mock::transport>) > 0);
 static_assert(sizeof(gflow::Exchanger<gflow::Fusion<1024>, gflow::Overlap<gflow::Chained>>::on<gflow::mock::transport>) > 0);
+// broadcast_parameters / verify_replicas (replicas.hpp, reached from <gflow/exchanger.hpp>) as the API spells them.
+inline void replicas(gflow::mock::transport& t, std::vector<float>& v, const gflow::Layout& l) {
+  gflow::broadcast_parameters(t, v);
+  gflow::broadcast_parameters(t, std::span<float>(v), 0);
+  gflow::verify_replicas(t, v, l);
+  gflow::verify_replicas(t, std::span<const float>(v), l);
+}
 
 int main() {}

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <vector>
 
 int main() {
   const auto layout = gflow::Layout::from_sizes({300, 7, 1000});
@@ -23,6 +24,12 @@ int main() {
     for (std::size_t i = 0; i < layout.size(); ++i)
       for (float g : ex.view(i))
         if (g != 3.0f) ++wrong;
+    // Replicas (replicas.hpp, through <gflow/exchanger.hpp>): rank 2's values everywhere, then checked equal.
+    std::vector<float> params(layout.total_numel(), static_cast<float>(t.rank()));
+    gflow::broadcast_parameters(t, params, 2);
+    gflow::verify_replicas(t, params, layout);
+    for (float p : params)
+      if (p != 2.0f) ++wrong;
   });
 
   gflow::mock::transport m(8);
