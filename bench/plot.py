@@ -391,7 +391,7 @@ def loops_report(rows, out=None):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         keys = sorted(k for k in hidden if not k[3])
-        fig, ax = plt.subplots(figsize=(8, 3.6))
+        fig, ax = plt.subplots(figsize=(10, 4))
         xs = range(len(keys))
         for off, learned, label in ((-0.2, False, "pool in reverse layout order"), (0.2, True, "exchange_options::learn_order")):
             med = [100 * statistics.median(hidden.get((k[0], k[1], k[2], learned), [0])) for k in keys]
@@ -399,7 +399,7 @@ def loops_report(rows, out=None):
             hi = [100 * max(hidden.get((k[0], k[1], k[2], learned), [0])) - m for m, k in zip(med, keys)]
             ax.bar([x + off for x in xs], med, 0.4, yerr=[lo, hi], capsize=3, label=label)
         ax.set_xticks(list(xs))
-        ax.set_xticklabels([f"{k[2]}\n{k[0]}, {k[1]} ranks" for k in keys], fontsize=8)
+        ax.set_xticklabels([f"{k[2]}\n{k[0]}\n{k[1]} ranks" for k in keys], fontsize=7)
         ax.set_ylabel("exchange hidden behind backward (%)")
         ax.set_title("A tensor ready late: overlap without and with the learned order")
         ax.legend(fontsize=8)
