@@ -177,10 +177,9 @@ class basic_exchanger : private detail::iteration_state {
     return no_sync_scope(no_sync_depth_);
   }
 
-  /// Uneven inputs (exchange_options::uneven_inputs): a rank with no more data calls join(). It
-  /// shadows the other ranks' iterations with zero contributions (they average over the ranks
-  /// that contributed) and returns once every rank has called it. (A template: an explicit
-  /// instantiation of a sparse composition's class leaves it out.)
+  /// Uneven inputs (exchange_options::uneven_inputs): a rank out of data calls join(); it shadows
+  /// the others' iterations with zeros (they average over the ranks that contributed) until every
+  /// rank has called it. A template: explicit instantiations of sparse compositions leave it out.
   template <int = 0>
   join_status join() { return detail::training_loop::join(*this); }
 
