@@ -243,6 +243,40 @@ TEST_CASE("find_unused: a tensor a rank did not mark averages with zeros, divide
   });
 }
 
+TEST_CASE("find_unused with a sparsifier: a tensor no rank used may carry released residual, and nothing is lost") {
+  // One rank (exact: the average divides by 1): what the view holds plus what stays in the
+  // residual is, element by element, what was fed plus the residual before.
+  const Layout l = Layout::from_sizes({64, 64});
+  inproc::run(1, [&](inproc::transport& t) {
+    exchange_options o;
+    o.find_unused = true;
+    on_inproc<Exchanger<Sparsifier<TopK<0.1>>>> ex(t, l, o);
+    for (std::size_t i = 0; i < 2; ++i) {
+      auto v = ex.view(i);
+      for (std::size_t j = 0; j < v.size(); ++j) v[j] = uniform_value(0, i, j, 0);
+      ex.ready(i);
+    }
+    (void)ex.finish();
+    const std::vector<float> before(ex.sparsifier().residual().begin(), ex.sparsifier().residual().end());
+    // Iteration 1: tensor 0 is marked with small values, tensor 1 with nothing (unused everywhere).
+    for (float& g : ex.view(0)) g = 1e-3f;
+    ex.ready(0);
+    std::fill(ex.view(1).begin(), ex.view(1).end(), 1e9f);  // stale: replaced by zeros
+    const auto st = ex.finish();
+    CHECK(st.unused == std::vector<std::size_t>{1});
+    const auto after = ex.sparsifier().residual();
+    const std::size_t off = ex.pool_plan().offset[1];
+    bool released = false;
+    for (std::size_t j = 0; j < 64; ++j) {
+      const float out = ex.view(1)[j];
+      released = released || out != 0.0f;
+      CHECK(out + after[off + j] == before[off + j]);  // exact: one of the two is zero
+      CHECK((out == 0.0f || after[off + j] == 0.0f));
+    }
+    CHECK(released);  // the selection took tensor 1's residual (larger than tensor 0's 1e-3)
+  });
+}
+
 TEST_CASE("find_unused: a bucket with no missing tensor launches during backward; only the waiting ones wait for finish()") {
   const Layout l = Layout::from_sizes({8, 8, 8, 8});  // no fusion: one bucket per tensor, pool order 3, 2, 1, 0
   mock_t m(2, 0);
