@@ -188,7 +188,7 @@ class cnn_session {
 
   void train() {
     gflow::optim::dynamic_loss_scale scaler(port_->loss_scale());
-    start_equal();
+    broadcast_model(0);
     if (probe_ > 0) run_probe();
     for (int epoch = 0; epoch < o_.epochs; ++epoch) {
       std::vector<std::uint32_t> order = shard_;  // reshuffled per rank and epoch, from the seed
@@ -314,20 +314,19 @@ class cnn_session {
   // After join(): the parameters, batch-norm buffers and momentum of rank `root` (one that
   // trained in the last iteration) on every rank, so the replicas are equal again.
   void sync_from(int root) {
+    broadcast_model(root);
     torch::NoGradGuard ng;
-    auto bcast = [&](torch::Tensor t) {
-      if (t.defined() && t.scalar_type() == torch::kFloat && t.numel() > 0) comm_.broadcast(t.data_ptr<float>(), static_cast<std::size_t>(t.numel()), root);
-    };
-    bcast(weights_);
-    for (torch::Tensor& b : net_->buffers()) bcast(b);
-    if (csc_opt_) comm_.broadcast(csc_opt_->velocity().data(), csc_opt_->velocity().size(), root);
+    if (csc_opt_) gflow::broadcast_parameters(comm_, csc_opt_->velocity(), root);
     if (sgd_)
       for (torch::Tensor& p : params_) {
         auto& state = sgd_->state();
         const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
         int have = state.count(key) ? 1 : 0, all = 0;
         MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, comm_.comm());
-        if (all) bcast(static_cast<torch::optim::SGDParamState&>(*state.at(key)).momentum_buffer());
+        if (all) {
+          torch::Tensor& m = static_cast<torch::optim::SGDParamState&>(*state.at(key)).momentum_buffer();
+          gflow::broadcast_parameters(comm_, {m.data_ptr<float>(), static_cast<std::size_t>(m.numel())}, root);
+        }
       }
   }
 
@@ -385,11 +384,12 @@ class cnn_session {
       if (b.scalar_type() == torch::kFloat) out.push_back(b);  // num_batches_tracked: the same on every rank
     return out;
   }
-  // Replicas start equal: rank 0's parameters and batch-norm statistics, not only the same seed.
-  void start_equal() {
+  // Rank root's parameters and batch-norm statistics on every rank: at start from rank 0 (replicas
+  // start equal, not only from the same seed), and after join() from the last rank that trained.
+  void broadcast_model(int root) {
     torch::NoGradGuard ng;
-    gflow::broadcast_parameters(comm_, weights(), 0);
-    for (torch::Tensor& b : float_buffers()) gflow::broadcast_parameters(comm_, {b.data_ptr<float>(), static_cast<std::size_t>(b.numel())}, 0);
+    gflow::broadcast_parameters(comm_, weights(), root);
+    for (torch::Tensor& b : float_buffers()) gflow::broadcast_parameters(comm_, {b.data_ptr<float>(), static_cast<std::size_t>(b.numel())}, root);
   }
   // --verify-replicas: the buffers are equal only once averaged (end of epoch); checked there.
   void verify_buffers() {

@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "../plan/buckets.hpp"
 #include "../plan/pool.hpp"
 #include "consistency.hpp"
 #include "iteration.hpp"
@@ -66,11 +65,11 @@ struct training_loop {
     ex.advance();
   }
 
-  // Lays the pool out in `order` (empty: the default), moving the gradients with their tensors,
-  // and re-plans the buckets at the current fusion numbers.
+  // Lays the pool out in `order` (every layout index once), moving the gradients with their
+  // tensors, and re-plans the buckets at the current fusion numbers.
   template <class Ex>
   static void relayout(Ex& ex, const std::vector<std::size_t>& order) {
-    plan::pool_plan next = order.empty() ? plan::plan_pool(ex.layout_) : plan::plan_pool(ex.layout_, order);
+    plan::pool_plan next = plan::plan_pool(ex.layout_, order);
     if (next.offset != ex.pool_.offset) {
       typename Ex::backend::template buffer<float> old(ex.pool_.total);
       ex.kernels_.order_after_producer();
@@ -82,11 +81,7 @@ struct training_loop {
       ex.pool_ = std::move(next);
       ++ex.generation_;
     }
-    plan::bucket_params prm;
-    prm.wire_bytes_per_element = sizeof(typename Ex::wire_type);
-    prm.threshold_bytes = ex.threshold_;
-    prm.first_bucket_bytes = ex.first_bucket_;
-    ex.buckets_ = plan::plan_buckets(ex.layout_, ex.pool_, prm);
+    ex.plan(ex.threshold_, ex.first_bucket_, /*allow_zero=*/true);  // 0: no fusion, as planned before
     ex.sparsifier_->replan();
     ex.runner_->replan();
   }
