@@ -11,7 +11,8 @@
 #             41 iterations (ex_resnet50_4_<wire>_rK.jsonl)
 #   kernels   every host kernel against a same-run copy (kernels.jsonl, docs/kernels.png)
 #   sparse    dense / TopK / GTopK / CSC: resnet50, alexnet, gpt2_small at 2, 4, 8 MPI ranks and
-#             2, 4 in-process ranks, resnet50 at 8 in-process ranks (sp_*.jsonl)
+#             2, 4 in-process ranks, resnet50 at 8 in-process ranks (sp_*.jsonl); then N runs of
+#             resnet50 at d = 0.01 on 2 and 4 MPI ranks (sp_resnet50_mpi_<P>_d0.01_rK.jsonl)
 #   topology  Ring vs Hierarchical vs Hybrid on shared memory, resnet50, 4 and 8 ranks (topo_*.jsonl)
 #   sweep     the fusion threshold sweep, resnet50 and gpt2_small at 2 and 4 ranks (sweep_*.jsonl,
 #             docs/exchange_threshold_sweep.png)
@@ -80,7 +81,10 @@ for s in "${sections[@]}"; do
         for p in 2 4 8; do run "sp_${l}_mpi_${p}" sparse --layout "$l" --ranks "$p" --quick; done
         for p in 2 4; do run "sp_${l}_inproc_${p}" sparse --layout "$l" --ranks "$p" --transport inproc --quick; done
       done
-      run sp_resnet50_inproc_8 sparse --layout resnet50 --ranks 8 --transport inproc --quick ;;
+      run sp_resnet50_inproc_8 sparse --layout resnet50 --ranks 8 --transport inproc --quick
+      for r in $(seq 1 "$repeats"); do  # d = 0.01 on ResNet-50, where runs disagree: N runs each
+        for p in 2 4; do run "sp_resnet50_mpi_${p}_d0.01_r$r" sparse --layout resnet50 --ranks "$p" --density 0.01 --quick; done
+      done ;;
     topology)
       for p in 4 8; do run "topo_resnet50_${p}" exchange --layout resnet50 --ranks "$p" --topology all --quick; done ;;
     sweep)
