@@ -1,99 +1,155 @@
 #!/usr/bin/env bash
-# Re-measures the tables of docs/BENCHMARKS.md into docs/results/*.jsonl, section by section.
-#   bench/measure.sh SECTION... [--repeats N]
+# Re-measures the tables of docs/BENCHMARKS.md: each section rewrites exactly the raw files under
+# docs/results/ that its tables are read from (JSON lines on stdout -> NAME.jsonl, the bench's
+# table and log on stderr -> NAME.log), and redraws the section's plot.
+#   bench/measure.sh SECTION... [--repeats N]      (N runs of every configuration, files _r1.._rN)
 # Sections:
-#   exchange  gflow (timed transport) vs gflow_untimed vs hand-written MPI: resnet50, gpt2_small,
-#             resnet20 at 2 and 4 ranks, N repeats each (ex_<layout>_<P>[_rK].jsonl)
-#   wire      fp16 and bf16 wire against the fp32 exchange in the same run: resnet50, 4 ranks
-#   kernels   every host kernel against a same-run copy (kernels.jsonl)
+#   exchange  gflow (timed transport) and gflow_untimed against hand-written MPI: resnet50 at 2 ranks
+#             (21 iterations) and 4 (15, and 201), resnet20 at 2 (15, and 10 + 200) and 4 (301),
+#             gpt2_small at 2 and 4 (15) (ex_<layout>_<P>[_long]_rK.jsonl)
+#   wire      fp16 and bf16 wire against the fp32 exchanger in the same run: resnet50, 4 ranks,
+#             41 iterations (ex_resnet50_4_<wire>_rK.jsonl)
+#   kernels   every host kernel against a same-run copy (kernels.jsonl, docs/kernels.png)
 #   sparse    dense / TopK / GTopK / CSC: resnet50, alexnet, gpt2_small at 2, 4, 8 MPI ranks and
-#             2, 4 in-process ranks, resnet50 at 8 in-process ranks (sp_*.jsonl)
-#   topology  Ring vs Hierarchical vs Hybrid on shared memory, resnet50, 4 and 8 ranks
-#   trace     the timeline's cost when on (gflow_traced / gflow, resnet50 and resnet20) and the
+#             2, 4 in-process ranks, resnet50 at 8 in-process ranks (sp_*.jsonl); then N runs of
+#             resnet50 at d = 0.01 on 2 and 4 MPI ranks (sp_resnet50_mpi_<P>_d0.01_rK.jsonl)
+#   topology  Ring vs Hierarchical vs Hybrid on shared memory, resnet50, 4 and 8 ranks (topo_*.jsonl)
+#   sweep     the fusion threshold sweep, resnet50 and gpt2_small at 2 and 4 ranks (sweep_*.jsonl,
+#             docs/exchange_threshold_sweep.png)
+#   overlap   the simulated-backward overlap suite, gpt2_small at 4 ranks (ov_gpt2_small_4.jsonl;
+#             resnet50's overlap rows come from `loops`)
+#   trace     the timeline's cost when on (gflow_traced / gflow, resnet20 and resnet50) and the
 #             ResNet-50 overlap trace on 4 ranks drawn into docs/timeline_resnet50_4.png
-#   model     the alpha-beta fit + local work and its error at P = 2, 4, 8 (model_resnet50_<P>[_rN].jsonl)
-#   autotune  overlap --autotune, resnet50 and gpt2_small, 4 ranks, compute ratios 0.5, 1, 2; then
-#             resnet50 and resnet20 with --topology hybrid (the switch tuned too)
+#   model     the alpha-beta fit + local work and its error at P = 2, 4, 8 on shared memory
+#             (model_resnet50_<P>_rK.jsonl; docs/cost_model.png from model_resnet50_8_r1.jsonl)
+#   autotune  overlap --autotune, resnet50 and gpt2_small, 4 ranks, compute ratios 0.5, 1, 2, then
+#             resnet50 and resnet20 with --topology hybrid (the switch tuned too); docs/autotune.png
 #   loops     the training-loop options: overlap --learn-order on shared_late (a tensor ready late)
 #             and resnet50 (a control: its backward is the reverse order), 4 ranks; exchange --options
-#             on resnet50 (4 ranks) and resnet20 (2 ranks); N repeats; docs/learn_order.png
+#             on resnet50 (4 ranks) and resnet20 (2 ranks); docs/learn_order.png
+#   netem     (as root) the emulated 1 Gbit/s network of bench/netem.sh: sparse (resnet50, alexnet),
+#             exchange with the fp32 / fp16 / bf16 wire (resnet50), the model at P = 2, 4, 8 (net_*);
+#             then the two-speed network (1 Gbit/s between groups, 10 inside) for the topologies
 # Run it alone on the machine: a compile or a test beside it makes the numbers worthless.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$root/docs/results"
 repeats=3
 sections=()
+all="exchange wire kernels sparse topology sweep overlap trace model autotune loops netem"
 while (($#)); do
   case "$1" in
     --repeats) repeats="$2"; shift 2 ;;
-    exchange|wire|kernels|sparse|topology|trace|model|autotune|loops) sections+=("$1"); shift ;;
-    *) echo "bench/measure.sh: unknown argument '$1' (sections: exchange wire kernels sparse topology trace model autotune loops; --repeats N)" >&2; exit 2 ;;
+    exchange|wire|kernels|sparse|topology|sweep|overlap|trace|model|autotune|loops|netem) sections+=("$1"); shift ;;
+    *) echo "bench/measure.sh: unknown argument '$1' (sections: $all; --repeats N)" >&2; exit 2 ;;
   esac
 done
-((${#sections[@]})) || { echo "usage: bench/measure.sh exchange|wire|kernels|sparse|topology|trace|model|autotune|loops... [--repeats N]" >&2; exit 2; }
-run() {  # run OUTFILE ARGS...: one bench/run invocation, progress on stderr
-  local f="$1"; shift
-  printf '[%s] bench/run %s > %s\n' "$(date +%T)" "$*" "${f#$root/}" >&2
-  "$root/bench/run" "$@" > "$f"
+((${#sections[@]})) || { echo "usage: bench/measure.sh ${all// /|}... [--repeats N]" >&2; exit 2; }
+[[ "$repeats" =~ ^[1-9][0-9]*$ ]] || { echo "bench/measure.sh: --repeats needs a positive integer, got '$repeats'" >&2; exit 2; }
+plot() { "${PYTHON:-python3}" "$root/bench/plot.py" "$@"; }  # PYTHON=/usr/bin/python3 where matplotlib is there
+run() {  # run NAME ARGS...: one bench/run invocation into NAME.jsonl (stdout) and NAME.log (stderr)
+  local f="$out/$1"; shift
+  printf '[%s] bench/run %s > %s.jsonl\n' "$(date +%T)" "$*" "${f#$root/}" >&2
+  "$root/bench/run" "$@" > "$f.jsonl" 2> "$f.log"
+}
+netrun() {  # netrun NAME P ARGS...: one bench/netem.sh run on P ranks (the network must be up)
+  local f="$out/$1" p="$2"; shift 2
+  printf '[%s] bench/netem.sh run %s -- %s > %s.jsonl\n' "$(date +%T)" "$p" "$*" "${f#$root/}" >&2
+  "$root/bench/netem.sh" run "$p" -- "$@" > "$f.jsonl" 2> "$f.log"
 }
 for s in "${sections[@]}"; do
   case "$s" in
     exchange)
       for r in $(seq 1 "$repeats"); do  # repeats interleaved across configurations
-        for l in resnet50 gpt2_small resnet20; do
-          for p in 2 4; do
-            suffix=""; ((r > 1)) && suffix="_r$r"
-            run "$out/ex_${l}_${p}${suffix}.jsonl" exchange --layout "$l" --ranks "$p"
-          done
-        done
+        run "ex_resnet50_2_r$r" exchange --layout resnet50 --ranks 2 --iters 21
+        run "ex_resnet50_4_r$r" exchange --layout resnet50 --ranks 4
+        run "ex_resnet50_4_long_r$r" exchange --layout resnet50 --ranks 4 --iters 201
+        run "ex_resnet20_2_r$r" exchange --layout resnet20 --ranks 2
+        run "ex_resnet20_2_long_r$r" exchange --layout resnet20 --ranks 2 --iters 200 --warmup 10
+        run "ex_resnet20_4_long_r$r" exchange --layout resnet20 --ranks 4 --iters 301
+        for p in 2 4; do run "ex_gpt2_small_${p}_r$r" exchange --layout gpt2_small --ranks "$p"; done
       done ;;
     wire)
       for r in $(seq 1 "$repeats"); do
-        for w in fp16 bf16; do
-          suffix=""; ((r > 1)) && suffix="_r$r"
-          run "$out/ex_resnet50_4_${w}${suffix}.jsonl" exchange --layout resnet50 --ranks 4 --wire "$w"
-        done
+        for w in fp16 bf16; do run "ex_resnet50_4_${w}_r$r" exchange --layout resnet50 --ranks 4 --wire "$w" --iters 41; done
       done ;;
     kernels)
-      run "$out/kernels.jsonl" kernels --layout resnet50,gpt2_small ;;
+      run kernels kernels --layout resnet50,gpt2_small
+      plot kernels "$out/kernels.jsonl" -o "$root/docs/kernels.png" ;;
     sparse)
       for l in resnet50 alexnet gpt2_small; do
-        for p in 2 4 8; do run "$out/sp_${l}_mpi_${p}.jsonl" sparse --layout "$l" --ranks "$p" --quick; done
-        for p in 2 4; do run "$out/sp_${l}_inproc_${p}.jsonl" sparse --layout "$l" --ranks "$p" --transport inproc --quick; done
+        for p in 2 4 8; do run "sp_${l}_mpi_${p}" sparse --layout "$l" --ranks "$p" --quick; done
+        for p in 2 4; do run "sp_${l}_inproc_${p}" sparse --layout "$l" --ranks "$p" --transport inproc --quick; done
       done
-      run "$out/sp_resnet50_inproc_8.jsonl" sparse --layout resnet50 --ranks 8 --transport inproc --quick ;;
+      run sp_resnet50_inproc_8 sparse --layout resnet50 --ranks 8 --transport inproc --quick
+      for r in $(seq 1 "$repeats"); do  # d = 0.01 on ResNet-50, where runs disagree: N runs each
+        for p in 2 4; do run "sp_resnet50_mpi_${p}_d0.01_r$r" sparse --layout resnet50 --ranks "$p" --density 0.01 --quick; done
+      done ;;
     topology)
-      for p in 4 8; do run "$out/topo_resnet50_${p}.jsonl" exchange --layout resnet50 --ranks "$p" --topology all --quick; done ;;
-    trace)
-      for r in $(seq 1 "$repeats"); do
-        run "$out/trace_cost_resnet20_2_r$r.jsonl" exchange --layout resnet20 --ranks 2 --iters 200 --warmup 10 --trace "$out/trace_exchange_resnet20_2.json"
-        run "$out/trace_cost_resnet50_4_r$r.jsonl" exchange --layout resnet50 --ranks 4 --quick --trace "$out/trace_exchange_resnet50_4.json"
+      for p in 4 8; do run "topo_resnet50_${p}" exchange --layout resnet50 --ranks "$p" --topology all --quick; done ;;
+    sweep)
+      for l in resnet50 gpt2_small; do
+        for p in 2 4; do run "sweep_${l}_${p}" exchange --layout "$l" --ranks "$p" --sweep; done
       done
-      run "$out/trace_overlap_resnet50_4.jsonl" overlap --layout resnet50 --ranks 4 --quick --compute-ratio 1 --trace "$out/trace_overlap_resnet50_4.json"
-      python3 "$root/bench/plot.py" trace "$out/trace_overlap_resnet50_4.json" -o "$root/docs/timeline_resnet50_4.png" ;;
+      plot sweep "$out"/sweep_*.jsonl -o "$root/docs/exchange_threshold_sweep.png" ;;
+    overlap)
+      run ov_gpt2_small_4 overlap --layout gpt2_small --ranks 4 ;;
+    trace)
+      tmp="$(mktemp -d)"  # the traces of the cost runs are not kept, only their timings
+      for r in $(seq 1 "$repeats"); do
+        run "trace_cost_resnet20_2_r$r" exchange --layout resnet20 --ranks 2 --iters 300 --warmup 10 --trace "$tmp/exchange_resnet20_2.json"
+        run "trace_cost_resnet50_4_r$r" exchange --layout resnet50 --ranks 4 --quick --trace "$tmp/exchange_resnet50_4.json"
+      done
+      rm -rf "$tmp"
+      run trace_overlap_resnet50_4 overlap --layout resnet50 --ranks 4 --quick --compute-ratio 1 --trace "$out/trace_overlap_resnet50_4.json"
+      plot trace "$out/trace_overlap_resnet50_4.json" -o "$root/docs/timeline_resnet50_4.png" ;;
     model)
       for r in $(seq 1 "$repeats"); do  # the check compares medians over repeats (docs/BENCHMARKS.md)
-        for p in 2 4 8; do
-          suffix=""; ((r > 1)) && suffix="_r$r"
-          run "$out/model_resnet50_${p}${suffix}.jsonl" model --layout resnet50 --ranks "$p" --reps 15 --iters 15
+        for p in 2 4 8; do run "model_resnet50_${p}_r$r" model --layout resnet50 --ranks "$p" --reps 15 --iters 15; done
+      done
+      plot model "$out"/model_resnet50_[248]_r*.jsonl   # the tables: fits, checks, predictions
+      plot model "$out/model_resnet50_8_r1.jsonl" -o "$root/docs/cost_model.png" ;;
+    autotune)
+      for r in $(seq 1 "$repeats"); do
+        for l in resnet50 gpt2_small; do
+          run "autotune_${l}_4_r$r" overlap --layout "$l" --ranks 4 --autotune --compute-ratio 0.5,1,2
+        done
+        for l in resnet50 resnet20; do
+          run "autotune_hybrid_${l}_4_r$r" overlap --layout "$l" --ranks 4 --autotune --topology hybrid --compute-ratio 0.5,1,2
         done
       done
-      python3 "$root/bench/plot.py" model "$out"/model_resnet50_[248].jsonl -o "$root/docs/cost_model.png" ;;
-    autotune)
-      for l in resnet50 gpt2_small; do
-        run "$out/autotune_${l}_4.jsonl" overlap --layout "$l" --ranks 4 --autotune --compute-ratio 0.5,1,2
-      done
-      for l in resnet50 resnet20; do
-        run "$out/autotune_hybrid_${l}_4.jsonl" overlap --layout "$l" --ranks 4 --autotune --topology hybrid --compute-ratio 0.5,1,2
-      done
-      python3 "$root/bench/plot.py" autotune "$out"/autotune_*_4.jsonl ;;
+      plot tuner "$out"/autotune_*_4_r*.jsonl
+      plot autotune "$out"/autotune_resnet50_4_r*.jsonl "$out"/autotune_gpt2_small_4_r*.jsonl -o "$root/docs/autotune.png" > /dev/null ;;
     loops)
       for r in $(seq 1 "$repeats"); do
-        for l in shared_late resnet50; do run "$out/loops_overlap_${l}_4_r$r.jsonl" overlap --layout "$l" --ranks 4 --learn-order; done
-        run "$out/loops_options_resnet50_4_r$r.jsonl" exchange --layout resnet50 --ranks 4 --options
-        run "$out/loops_options_resnet20_2_r$r.jsonl" exchange --layout resnet20 --ranks 2 --options
+        for l in shared_late resnet50; do run "loops_overlap_${l}_4_r$r" overlap --layout "$l" --ranks 4 --learn-order --quick; done
+        run "loops_options_resnet50_4_r$r" exchange --layout resnet50 --ranks 4 --options
+        run "loops_options_resnet20_2_r$r" exchange --layout resnet20 --ranks 2 --options
       done
-      python3 "$root/bench/plot.py" loops "$out"/loops_*.jsonl -o "$root/docs/learn_order.png" ;;
+      plot loops "$out"/loops_*.jsonl -o "$root/docs/learn_order.png" ;;
+    netem)
+      [[ "$(id -u)" == 0 ]] || { echo "bench/measure.sh netem: run as root (bench/netem.sh makes network namespaces)" >&2; exit 2; }
+      "$root/bench/run" kernels --layout resnet20 > /dev/null 2>&1  # builds the benchmark as bench/run does
+      "$root/bench/netem.sh" down 8 > /dev/null 2>&1 || true      # whatever an earlier run left
+      "$root/bench/netem.sh" up 4 1gbit > /dev/null
+      netrun net_sp_resnet50_4 4 sparse --layout resnet50 --quick --density 0.001,0.01
+      netrun net_sp_alexnet_4 4 sparse --layout alexnet --quick --density 0.001,0.01
+      netrun net_ex_resnet50_4 4 exchange --layout resnet50 --quick
+      for w in fp16 bf16; do netrun "net_ex_resnet50_4_$w" 4 exchange --layout resnet50 --quick --wire "$w"; done
+      "$root/bench/netem.sh" down 4 > /dev/null
+      for r in $(seq 1 "$repeats"); do
+        for p in 2 4 8; do
+          "$root/bench/netem.sh" up "$p" 1gbit > /dev/null
+          netrun "net_model_resnet50_${p}_r$r" "$p" model --layout resnet50 --reps 15 --iters 15 || true
+          "$root/bench/netem.sh" down "$p" > /dev/null
+        done
+      done
+      for pg in "4 2" "8 4"; do
+        read -r p g <<< "$pg"
+        "$root/bench/netem.sh" up "$p" 1gbit "$g" 10gbit > /dev/null
+        netrun "net_topo_resnet50_$p" "$p" exchange --topology all --layout resnet50 --quick
+        "$root/bench/netem.sh" down "$p" > /dev/null
+      done ;;
   esac
 done
 echo "[$(date +%T)] done" >&2

@@ -17,6 +17,10 @@
       thread's ready() ticks and finish(), and the issuing thread's buckets with their stages.
   python3 bench/plot.py autotune RESULTS.jsonl... [-o docs/autotune.png]
       overlap --autotune rows: a markdown table of the sweep against the auto-tuned threshold.
+  python3 bench/plot.py tuner RESULTS.jsonl...
+      overlap --autotune rows, one line per file and compute ratio: auto / best fixed, the paired
+      ratio, the tuned plan, auto / the fixed run at that plan, the noise floor, re-tunes, where it
+      settled, auto / 25 MiB and auto / 64 MiB (the table of docs/BENCHMARKS.md's auto-tuner section).
   python3 bench/plot.py model RESULTS.jsonl... [-o docs/cost_model.png]
       model rows: the fit, the check against measured exchanges, predictions P = 2 .. 1024,
       and cross-P errors (the fit at one P against the exchanges measured at another).
@@ -255,6 +259,38 @@ def autotune_table(rows, out=None):
         autotune_plot(groups, out)
 
 
+def tuner_runs(paths):
+    """One line per file and compute ratio of overlap --autotune rows (the files' last autotuned row)."""
+    print("| file | ratio | auto / best | paired | tuned plan | auto / fixed at that plan | noise floor | retunes | settled at | auto / 25 MiB | auto / 64 MiB |")
+    print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for f in paths:
+        rows = [r for r in load([f]) if r.get("suite") == "overlap" and r.get("variant") in ("fixed", "autotuned")]
+        for ratio in sorted({r["compute_ratio"] for r in rows}):
+            rs = [r for r in rows if r["compute_ratio"] == ratio]
+            fixed = [r for r in rs if r["variant"] == "fixed"]
+            auto = [r for r in rs if r["variant"] == "autotuned"]
+            if not fixed or not auto:
+                continue
+            a = auto[-1]
+            best = min(fixed, key=lambda r: r["iteration_s"])
+            same = [r for r in fixed if r["threshold_bytes"] == a["threshold_bytes"] and r.get("hybrid_switch_bytes", 0) == a.get("hybrid_switch_bytes", 0)]
+            f25 = min((r for r in fixed if r["threshold_bytes"] == 25 << 20), key=lambda r: r["iteration_s"])
+            f64 = min((r for r in fixed if r["threshold_bytes"] == 64 << 20), key=lambda r: r["iteration_s"])
+            th = a["threshold_bytes"]
+            plan = ("%d KiB" % (th >> 10)) if th < (1 << 20) else ("%d MiB" % (th >> 20))
+            if a.get("first_bucket_bytes"):
+                plan += " (first %d KiB)" % (a["first_bucket_bytes"] >> 10)
+            sw = a.get("hybrid_switch_bytes", 0)
+            if sw:
+                plan += ", all ring" if sw == 1 else ", all hier." if sw >= (1 << 63) else ", switch %d KiB" % (sw >> 10)
+            print("| %s | %.1f | %.3f | %s | %s | %s | %s | %d | %d | %.3f | %.3f |" % (
+                f.rsplit("/", 1)[-1].replace(".jsonl", ""), ratio, a["iteration_s"] / best["iteration_s"],
+                "%.3f" % a["paired_ratio_vs_best"] if "paired_ratio_vs_best" in a else "—", plan,
+                "%.3f" % (a["iteration_s"] / same[0]["iteration_s"]) if same else "—",
+                "%.3f" % a["repeat_ratio"] if "repeat_ratio" in a else "—", a["retunes"], a["settled_at"],
+                a["iteration_s"] / f25["iteration_s"], a["iteration_s"] / f64["iteration_s"]))
+
+
 def autotune_plot(groups, out):
     """auto / best fixed per configuration, one point per run (a group's rows come run by run:
     its fixed rows, then its autotuned row), the paired ratio beside it, the 5% target and the band
@@ -410,7 +446,7 @@ def loops_report(rows, out=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["sweep", "table", "sparse", "kernels", "trace", "autotune", "model", "loops"])
+    ap.add_argument("kind", choices=["sweep", "table", "sparse", "kernels", "trace", "autotune", "tuner", "model", "loops"])
     ap.add_argument("inputs", nargs="+")
     ap.add_argument("-o", "--output")
     ap.add_argument("--iteration", type=int)
@@ -419,6 +455,9 @@ def main():
         if not a.output:
             sys.exit("plot.py trace: pass -o FILE.png")
         trace_plot(a.inputs[0], a.iteration, a.output)
+        return
+    if a.kind == "tuner":
+        tuner_runs(a.inputs)
         return
     rows = load(a.inputs)
     if not rows:

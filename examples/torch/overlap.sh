@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How much of the exchange hides behind libtorch's backward (docs/BENCHMARKS.md, "Overlap in a
+# How much of the exchange hides behind libtorch's backward (docs/BENCHMARKS.md, "6. Overlap", "A
 # real backward"): each binary at 4 ranks (--ranks) with --probe N (N iterations of compute alone, then N
 # of exchange alone, before one short training epoch whose iterations are the overlapped time),
 # the variants interleaved, R rounds. Run it alone on the machine (a timing).
