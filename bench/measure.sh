@@ -27,6 +27,9 @@
 #   loops     the training-loop options: overlap --learn-order on shared_late (a tensor ready late)
 #             and resnet50 (a control: its backward is the reverse order), 4 ranks; exchange --options
 #             on resnet50 (4 ranks) and resnet20 (2 ranks); docs/learn_order.png
+#   ddp       gflow against PyTorch over gloo on the same buckets (bench/ddp_gloo.sh): resnet50 at 2
+#             and 4 ranks, resnet20 at 2, N repeats alternating with bench/run exchange
+#             (ddp_<layout>_<P>/gflow_rK.jsonl, gloo_rK.jsonl, summary.txt)
 #   netem     (as root) the emulated 1 Gbit/s network of bench/netem.sh: sparse (resnet50, alexnet),
 #             exchange with the fp32 / fp16 / bf16 wire (resnet50), the model at P = 2, 4, 8 (net_*);
 #             then the two-speed network (1 Gbit/s between groups, 10 inside) for the topologies
@@ -36,11 +39,11 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$root/docs/results"
 repeats=3
 sections=()
-all="exchange wire kernels sparse topology sweep overlap trace model autotune loops netem"
+all="exchange wire kernels sparse topology sweep overlap trace model autotune loops ddp netem"
 while (($#)); do
   case "$1" in
     --repeats) repeats="$2"; shift 2 ;;
-    exchange|wire|kernels|sparse|topology|sweep|overlap|trace|model|autotune|loops|netem) sections+=("$1"); shift ;;
+    exchange|wire|kernels|sparse|topology|sweep|overlap|trace|model|autotune|loops|ddp|netem) sections+=("$1"); shift ;;
     *) echo "bench/measure.sh: unknown argument '$1' (sections: $all; --repeats N)" >&2; exit 2 ;;
   esac
 done
@@ -68,6 +71,14 @@ for s in "${sections[@]}"; do
         run "ex_resnet20_2_long_r$r" exchange --layout resnet20 --ranks 2 --iters 200 --warmup 10
         run "ex_resnet20_4_long_r$r" exchange --layout resnet20 --ranks 4 --iters 301
         for p in 2 4; do run "ex_gpt2_small_${p}_r$r" exchange --layout gpt2_small --ranks "$p"; done
+      done ;;
+    ddp)
+      for c in "resnet50 2" "resnet50 4" "resnet20 2"; do
+        set -- $c
+        d="$out/ddp_$1_$2"
+        printf '[%s] bench/ddp_gloo.sh --layout %s --ranks %s --repeats %s > %s/summary.txt\n' "$(date +%T)" "$1" "$2" "$repeats" "${d#$root/}" >&2
+        "$root/bench/ddp_gloo.sh" --layout "$1" --ranks "$2" --repeats "$repeats" --out "$d" > "$d.summary.txt" 2> "$d.log"
+        mv "$d.summary.txt" "$d/summary.txt"; mv "$d.log" "$d/run.log"
       done ;;
     wire)
       for r in $(seq 1 "$repeats"); do
