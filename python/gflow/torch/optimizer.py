@@ -12,13 +12,9 @@ _live = weakref.WeakSet()  # open DistributedOptimizers, closed before MPI_Final
 
 class _DistributedOptimizer:
     """Methods mixed into a subclass of the wrapped optimizer's class (as Horovod does), so that
-    isinstance(opt, torch.optim.SGD) and learning-rate schedulers keep working."""
-
-    def __init__(self, params, named_parameters, composition, find_unused, learn_order, uneven_inputs,
-                 sparsifier_momentum, warmup, threshold_bytes):
-        super(self.__class__, self).__init__(params)
-        self._gflow_init(named_parameters, composition, find_unused, learn_order, uneven_inputs, sparsifier_momentum, warmup,
-                         threshold_bytes)
+    isinstance(opt, torch.optim.SGD) and learning-rate schedulers keep working. The new object takes
+    over the wrapped optimizer's attributes (param_groups, defaults, state), so any optimizer works,
+    whatever its constructor's arguments."""
 
     def _gflow_init(self, named_parameters, composition, find_unused, learn_order, uneven_inputs, sparsifier_momentum, warmup,
                     threshold_bytes):
@@ -60,6 +56,7 @@ class _DistributedOptimizer:
         self.composition = self._exchanger.name
         self.find_unused = find_unused
         self.last_status = None
+        self._synchronized = False
         self.skipped = 0
         self._hooks_seen = []   # layout indices in the order the hooks fired this pass (hook order tests)
         self._accumulators = []
@@ -111,14 +108,18 @@ class _DistributedOptimizer:
         self._rebind_if_moved()
         self.last_status = status
         self._hooks_seen = []
+        self._synchronized = True
         return status
 
     def step(self, closure=None):
+        """finish() (unless synchronize() was called since the last step), then the wrapped
+        optimizer's step; skipped on every rank when the exchanged gradients hold inf / NaN."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        status = self.synchronize()
+        status = self.last_status if self._synchronized else self.synchronize()
+        self._synchronized = False
         if not status.finite():
             self.skipped += 1  # every rank saw the same non-finite count: every rank skips
             return loss
@@ -218,5 +219,47 @@ def DistributedOptimizer(optimizer, named_parameters=None, composition="dense", 
                           "call gflow.torch.init() once, before DistributedOptimizer.")
     methods = {k: v for k, v in _DistributedOptimizer.__dict__.items() if k not in ("__dict__", "__weakref__")}
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
-    return cls(optimizer.param_groups, named_parameters, composition, find_unused, learn_order, uneven_inputs,
-               sparsifier_momentum, warmup, threshold_bytes)
+    opt = cls.__new__(cls)
+    opt.__dict__.update(optimizer.__dict__)
+    opt._gflow_init(named_parameters, composition, find_unused, learn_order, uneven_inputs, sparsifier_momentum, warmup, threshold_bytes)
+    return opt
+
+
+class CSCSGD(torch.optim.Optimizer):
+    """Momentum SGD with CSC's update rule (gflow::optim::momentum_sgd; paper 000, Algorithm 1):
+    for the chunks the exchange selected, u = hu = momentum * hu + lr * g and w -= u; the chunks
+    kept back are left alone (weights and velocity). Wrap it in DistributedOptimizer with a csc=...
+    composition (it reads the selection from the exchanger); sparsifier_momentum=momentum gives
+    CSC's momentum correction, as the libtorch trainer does."""
+
+    def __init__(self, params, lr, momentum=0.9):
+        if not lr >= 0.0:
+            raise errors.make(errors.InvalidArgument, "learning_rate", "the learning rate must be finite and non-negative (got %r)." % lr,
+                              "pass e.g. 0.1 (gflow descends: w -= u).")
+        if not 0.0 <= momentum < 1.0:
+            raise errors.make(errors.InvalidArgument, "momentum", "the SGD momentum must lie in [0, 1) (got %r)." % momentum, "pass e.g. 0.9.")
+        super().__init__(params, dict(lr=lr, momentum=momentum))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        ex = getattr(self, "_exchanger", None)
+        if ex is None or ex.chunk_elems() == 0:
+            raise errors.make(errors.UsageError, "CSCSGD", "CSCSGD steps the chunks a CSC exchange selected; this optimizer has no CSC exchanger.",
+                              "wrap it: gflow.torch.DistributedOptimizer(CSCSGD(...), model.named_parameters(), composition=\"csc=4096:15\").")
+        chunk = ex.chunk_elems()
+        selected = torch.zeros(self._pool.numel(), dtype=torch.bool)
+        chosen = torch.tensor(ex.selected_chunks(), dtype=torch.long)
+        if chosen.numel():
+            starts = chosen * chunk
+            idx = (starts.unsqueeze(1) + torch.arange(chunk).unsqueeze(0)).reshape(-1)
+            selected[idx[idx < selected.numel()]] = True
+        group = self.param_groups[0]
+        lr, m = group["lr"], group["momentum"]
+        for p, off in zip(self._gparams, ex.offsets()):
+            mask = selected.narrow(0, off, p.numel()).view(p.shape)
+            state = self.state[p]
+            if "csc_velocity" not in state:
+                state["csc_velocity"] = torch.zeros_like(p)
+            hu = state["csc_velocity"]
+            hu.copy_(torch.where(mask, m * hu + lr * p.grad, hu))
+            p.sub_(torch.where(mask, hu, torch.zeros_like(hu)))
