@@ -303,3 +303,80 @@ def test_timeline_writes_a_trace(tmp_path_factory):
     if R == 0:
         text = open(path).read()
         assert '"ready"' in text and '"finish"' in text
+
+
+def test_named_parameters_are_checked():
+    model = torch.nn.Linear(3, 2)
+    other = torch.nn.Linear(3, 2)
+    with pytest.raises(errors.InvalidArgument) as e:
+        gt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), other.named_parameters())
+    assert e.value.subject == "named_parameters" and "not among the optimizer's parameters" in str(e.value)
+    half = torch.nn.Linear(3, 2).double()
+    with pytest.raises(errors.InvalidArgument) as e:
+        gt.DistributedOptimizer(torch.optim.SGD(half.parameters(), lr=0.1), half.named_parameters())
+    assert e.value.subject == "named_parameters" and "float32" in str(e.value) and e.value.fix.startswith("keep the model in float32")
+
+
+def test_nested_no_sync_is_a_usage_error():
+    _, opt = make("dense")
+    with opt.no_sync():
+        with pytest.raises(errors.UsageError) as e:
+            with opt.no_sync():
+                pass
+    assert e.value.subject == "no_sync" and "already open" in str(e.value)
+
+
+def test_broadcast_and_average_check_their_arguments():
+    with pytest.raises(errors.InvalidArgument) as e:
+        gt.broadcast_parameters({"w": 3.0})
+    assert e.value.subject == "params" and "not a tensor" in str(e.value)
+    with pytest.raises(errors.InvalidArgument) as e:
+        gt.allreduce_average_(torch.zeros(3, dtype=torch.float64))
+    assert e.value.subject == "tensor" and "float32" in str(e.value)
+
+
+def test_cscsgd_needs_a_csc_exchange():
+    with pytest.raises(errors.InvalidArgument) as e:
+        gt.CSCSGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, momentum=1.0)
+    assert e.value.subject == "momentum"
+    p = torch.nn.Parameter(torch.zeros(4))
+    opt = gt.DistributedOptimizer(gt.CSCSGD([p], lr=0.1), [("p", p)], composition="dense")
+    (p * 1.0).sum().backward()
+    with pytest.raises(errors.UsageError) as e:
+        opt.step()
+    assert e.value.subject == "CSCSGD" and "csc=" in e.value.fix
+
+
+def test_cscsgd_steps_the_selected_chunks_only():
+    # CSC<4096, 15> over 3 x 4096 elements: after the dense warm-up (warmup=0) some chunks are kept back.
+    params, opt = make("csc=4096:15", shapes=[(4096,), (4096,), (4096,)])
+    opt.close()
+    p = [torch.nn.Parameter(torch.zeros(4096)) for _ in range(3)]
+    opt = gt.DistributedOptimizer(gt.CSCSGD(p, lr=1.0, momentum=0.5), [("p%d" % i, q) for i, q in enumerate(p)], composition="csc=4096:15")
+    sum((q * (i + 1.0)).sum() for i, q in enumerate(p)).backward()
+    opt.step()
+    chosen = set(opt._exchanger.selected_chunks())
+    offs = opt.pool_offsets()
+    for i, q in enumerate(p):
+        c = offs[i] // 4096
+        moved = bool((q != 0).any())
+        assert moved == (c in chosen), (i, c, chosen)
+        if moved:  # u = 0.5 * 0 + 1.0 * g; w = 0 - u
+            assert torch.equal(q.detach(), -q.grad)
+
+
+def test_distributed_optimizer_before_init_is_a_usage_error():
+    import subprocess
+    import sys
+    code = ("import torch, gflow.torch as gt\n"
+            "m = torch.nn.Linear(2, 2)\n"
+            "try:\n"
+            "    gt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters())\n"
+            "except gt.errors.UsageError as e:\n"
+            "    print(e.subject, '|', e.fix)\n")
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith("OMPI_") or k.startswith("PMIX_"):
+            del env[k]  # a plain process, not a rank of this job (it never initialises MPI)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("init | call gflow.torch.init() once"), out.stdout + out.stderr
