@@ -8,19 +8,22 @@
 #   bash scripts/demo.sh --epochs 5      # longer
 #   bash scripts/demo.sh --full          # every composition of the convergence study, 10 epochs
 #   bash scripts/demo.sh --torch         # the libtorch CNN (examples/torch) instead of the MLP, 3 epochs
+#   bash scripts/demo.sh --python        # the same CNN in plain PyTorch + gflow.torch (examples/python/train.py), 3 epochs
 #   bash scripts/demo.sh --bench [...]   # the exchange benchmark instead (bench/run exchange, ResNet-50)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 epochs=2
 full=0
 torch=0
+python=0
 while (($#)); do
   case "$1" in
     --bench) shift; bash "$root/scripts/install-deps.sh"; exec "$root/bench/run" exchange --layout resnet50 --ranks 4 --quick "$@" ;;
     --full) full=1; epochs=10; shift ;;
     --torch) torch=1; epochs=3; shift ;;
+    --python) python=1; epochs=3; shift ;;
     --epochs) epochs="${2:-}"; shift 2 ;;
-    *) echo "demo.sh: unknown option '$1' (use --epochs N, --full, --torch or --bench)" >&2; exit 2 ;;
+    *) echo "demo.sh: unknown option '$1' (use --epochs N, --full, --torch, --python or --bench)" >&2; exit 2 ;;
   esac
 done
 if ! [[ "$epochs" =~ ^[1-9][0-9]*$ ]]; then echo "demo.sh: --epochs needs a positive integer, got '$epochs'" >&2; exit 2; fi
@@ -34,6 +37,23 @@ fi
 if ((torch)); then
   runs=(torch_dense torch_fp16 torch_csc torch_topk torch_funneled)
   ((full)) && runs=(torch_dense torch_fp16 torch_csc torch_topk torch_gtopk torch_funneled)
+fi
+if ((python)); then
+  # gflow.torch: the module (one build of the menu), then train.py over a few compositions.
+  comps=(dense fp16 csc=4096:15 topk=0.01 "fp16+fusion=4MiB+topk=0.01+funneled")
+  echo "demo: building the Python module gflow.torch in $build" >&2
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_BUILD_TESTS=OFF -DGFLOW_BUILD_BENCH=OFF >/dev/null
+  cmake --build "$build" -j"$(nproc)" --target gflow_python >/dev/null
+  export OMPI_MCA_rmaps_base_oversubscribe=1 PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
+  mpi_flags=(--bind-to none)
+  if [[ "$(id -u)" == 0 ]]; then mpi_flags+=(--allow-run-as-root); fi
+  for c in "${comps[@]}"; do
+    echo "demo: python train.py --composition $c, 4 ranks, $epochs epochs" >&2
+    mpiexec "${mpi_flags[@]}" -n 4 /usr/bin/python3 "$root/examples/python/train.py" --composition "$c" --epochs "$epochs" | tee "$build/demo_python_${c//[^a-z0-9]/_}.log" >&2
+  done
+  echo >&2
+  grep -h '^RESULT ' "$build"/demo_python_*.log
+  exit 0
 fi
 echo "demo: building ${runs[*]} in $build" >&2
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_BUILD_TESTS=OFF -DGFLOW_BUILD_BENCH=OFF >/dev/null

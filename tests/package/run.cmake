@@ -53,7 +53,7 @@ if(MODE STREQUAL "install_find")
   set(prefix "${WORK_DIR}/prefix")
   step("configure gflow" "${CMAKE_COMMAND}" -S "${GFLOW_SOURCE_DIR}" -B "${gflow_bin}" ${common_args}
        -DGFLOW_INSTALL=ON -DGFLOW_BUILD_TESTS=OFF -DGFLOW_BUILD_EXAMPLES=OFF -DGFLOW_BUILD_BENCH=OFF
-       -DGFLOW_ENABLE_CUDA=OFF "-DCMAKE_INSTALL_PREFIX=${prefix}")
+       -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_PYTHON=OFF "-DCMAKE_INSTALL_PREFIX=${prefix}")
   step("build gflow" "${CMAKE_COMMAND}" --build "${gflow_bin}" --config "${BUILD_TYPE}")
   step("install gflow" "${CMAKE_COMMAND}" --install "${gflow_bin}" --config "${BUILD_TYPE}" --prefix "${prefix}")
 

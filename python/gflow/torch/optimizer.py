@@ -1,0 +1,265 @@
+"""gflow.torch.DistributedOptimizer: a torch optimizer whose gradients go through a gflow exchanger."""
+import contextlib
+import weakref
+
+import torch
+
+from .. import errors
+from .. import _gflow
+
+_live = weakref.WeakSet()  # open DistributedOptimizers, closed before MPI_Finalize (gflow.torch.shutdown)
+
+
+class _DistributedOptimizer:
+    """Methods mixed into a subclass of the wrapped optimizer's class (as Horovod does), so that
+    isinstance(opt, torch.optim.SGD) and learning-rate schedulers keep working. The new object takes
+    over the wrapped optimizer's attributes (param_groups, defaults, state), so any optimizer works,
+    whatever its constructor's arguments."""
+
+    def _gflow_init(self, named_parameters, composition, find_unused, learn_order, uneven_inputs, sparsifier_momentum, warmup,
+                    threshold_bytes):
+        in_groups = [p for g in self.param_groups for p in g["params"]]
+        if named_parameters is None:
+            named = [("param.%d" % i, p) for i, p in enumerate(in_groups)]
+        else:
+            named = list(named_parameters)
+            if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
+                raise errors.make(errors.InvalidArgument, "named_parameters", "expected (name, parameter) pairs.",
+                                  "pass model.named_parameters().")
+        named = [(n, p) for n, p in named if p.requires_grad]
+        ids = {id(p) for p in in_groups}
+        seen = set()
+        for n, p in named:
+            if id(p) not in ids:
+                raise errors.make(errors.InvalidArgument, "named_parameters",
+                                  "parameter '%s' is not among the optimizer's parameters." % n,
+                                  "pass the named_parameters() of the model whose parameters() the optimizer was built with.")
+            if id(p) in seen:
+                raise errors.make(errors.InvalidArgument, "named_parameters", "parameter '%s' is listed twice." % n,
+                                  "pass each parameter once (model.named_parameters() does).")
+            seen.add(id(p))
+            if p.dtype != torch.float32 or p.device.type != "cpu":
+                raise errors.make(errors.InvalidArgument, "named_parameters",
+                                  "parameter '%s' is %s on %s; gflow.torch exchanges float32 gradients in host memory over MPI." %
+                                  (n, p.dtype, p.device), "keep the model in float32 on the CPU (model.float().cpu()).")
+        missing = [p for p in in_groups if p.requires_grad and id(p) not in seen]
+        if missing:
+            raise errors.make(errors.InvalidArgument, "named_parameters",
+                              "%d of the optimizer's parameters are not in named_parameters; their gradients would not be exchanged." % len(missing),
+                              "pass model.named_parameters() of the whole model the optimizer trains.")
+        self._names = [n for n, _ in named]
+        self._gparams = [p for _, p in named]
+        self._exchanger = _gflow.Exchanger(composition, self._names, [list(p.shape) for p in self._gparams],
+                                           find_unused=find_unused, learn_order=learn_order, uneven_inputs=uneven_inputs,
+                                           threshold_bytes=threshold_bytes)
+        self._exchanger.configure(float(sparsifier_momentum), int(warmup))
+        self.composition = self._exchanger.name
+        self.find_unused = find_unused
+        self.last_status = None
+        self._synchronized = False
+        self.skipped = 0
+        self._hooks_seen = []   # layout indices in the order the hooks fired this pass (hook order tests)
+        self._accumulators = []
+        self._handles = []
+        self._bind()
+        for i, p in enumerate(self._gparams):
+            # ready(i) once AccumulateGrad has written the gradient into the pool: a hook on the
+            # accumulator node (torch 1.13 has no post-accumulate hook on the tensor; Horovod does the same).
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            self._handles.append(acc.register_hook(self._make_hook(i)))
+            self._accumulators.append(acc)  # the node must stay alive for the hook to stay
+        _live.add(self)
+
+    # ---- the pool ------------------------------------------------------------------------
+    def _bind(self, moved=False):
+        """.grad of every parameter = its slot in the exchanger's pool (zero copy). At construction a
+        .grad that exists is copied in; after a move (moved=True) the exchanger has moved the values."""
+        self._pool = torch.from_numpy(self._exchanger.pool())
+        self._generation = self._exchanger.generation
+        offsets = self._exchanger.offsets()
+        self._views = []
+        for p, off in zip(self._gparams, offsets):
+            v = self._pool.narrow(0, off, p.numel()).view(p.shape)
+            if not moved and p.grad is not None and p.grad.data_ptr() != v.data_ptr():
+                v.copy_(p.grad)
+            p.grad = v
+            self._views.append(v)
+
+    def _rebind_if_moved(self):
+        if self._exchanger.generation != self._generation:
+            self._bind(moved=True)  # learn_order / load_state moved the views; the exchanger moved the values
+
+    def _make_hook(self, i):
+        def hook(*unused):
+            p, v = self._gparams[i], self._views[i]
+            if p.grad is None or p.grad.data_ptr() != v.data_ptr():
+                # autograd replaced .grad (zero_grad(set_to_none=True), an assignment): copy it in and re-bind
+                if p.grad is not None:
+                    v.copy_(p.grad)
+                p.grad = v
+            self._hooks_seen.append(i)
+            self._exchanger.ready(i)
+        return hook
+
+    # ---- the optimizer -------------------------------------------------------------------
+    def synchronize(self):
+        """finish(): the averaged gradients in every .grad (identical bits on every rank)."""
+        status = self._exchanger.finish()
+        self._rebind_if_moved()
+        self.last_status = status
+        self._hooks_seen = []
+        self._synchronized = True
+        return status
+
+    def step(self, closure=None):
+        """finish() (unless synchronize() was called since the last step), then the wrapped
+        optimizer's step; skipped on every rank when the exchanged gradients hold inf / NaN."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        status = self.last_status if self._synchronized else self.synchronize()
+        self._synchronized = False
+        if not status.finite():
+            self.skipped += 1  # every rank saw the same non-finite count: every rank skips
+            return loss
+        super(self.__class__, self).step()
+        return loss
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes the pool in place (the .grad views stay bound; set_to_none is ignored)."""
+        self._pool.zero_()
+        for p, v in zip(self._gparams, self._views):
+            if p.grad is None or p.grad.data_ptr() != v.data_ptr():
+                p.grad = v
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradient accumulation: backward passes inside the block add into .grad and exchange
+        nothing; the first backward after it exchanges the sum (then step())."""
+        self._exchanger.begin_no_sync()
+        try:
+            yield
+        finally:
+            self._exchanger.end_no_sync()
+            self._hooks_seen = []
+
+    def join(self):
+        """Uneven inputs (uneven_inputs=True, dense compositions): this rank is out of data. It
+        shadows the other ranks' iterations until every rank has joined, then takes the parameters
+        and optimizer state of the last rank that trained. Returns gflow's JoinStatus. Broadcast
+        other state (batch norm buffers) from status.last_rank yourself."""
+        from . import broadcast_parameters, broadcast_optimizer_state
+        status = self._exchanger.join()
+        broadcast_parameters(self._gparams, status.last_rank)
+        broadcast_optimizer_state(self, status.last_rank)
+        return status
+
+    def save_state(self, path=None):
+        """The exchanger's checkpoint (residuals, schedules, learned order, ...) as bytes; written
+        to `path` too if given. Every rank saves its own (residuals differ per rank). Save the model
+        and the optimizer's state_dict() as usual besides."""
+        data = self._exchanger.save_state()
+        if path is not None:
+            with open(path, "wb") as f:
+                f.write(data)
+        return data
+
+    def load_state(self, data_or_path):
+        """Restores what save_state wrote on this rank (bytes or a path)."""
+        data = data_or_path
+        if not isinstance(data, (bytes, bytearray)):
+            with open(data_or_path, "rb") as f:
+                data = f.read()
+        self._exchanger.load_state(bytes(data))
+        self._rebind_if_moved()
+
+    @property
+    def parameter_names(self):
+        return list(self._names)
+
+    def buckets(self):
+        """The exchanger's buckets as (first pool element, element count), in pool order."""
+        return self._exchanger.buckets()
+
+    def pool_offsets(self):
+        return self._exchanger.offsets()
+
+    def close(self):
+        """Removes the hooks and frees the exchanger; each .grad becomes a copy of its view."""
+        self._close()
+
+    def _close(self):
+        for h in getattr(self, "_handles", []):
+            h.remove()
+        self._handles = []
+        if getattr(self, "_exchanger", None) is not None:
+            for p in self._gparams:
+                p.grad = None if p.grad is None else p.grad.clone()  # off the pool before it goes
+            self._views = []
+            self._pool = None
+            self._exchanger = None
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, composition="dense", find_unused=False, learn_order=False,
+                         uneven_inputs=False, sparsifier_momentum=0.0, warmup=0, threshold_bytes=None):
+    """Wraps `optimizer` so that its gradients are exchanged by the gflow composition named `composition`.
+
+    named_parameters: model.named_parameters() (the order is the layout order; give it in forward order).
+    composition: a name from gflow.torch.compositions(), e.g. "fp16+fusion=4MiB+topk=0.01+funneled".
+    find_unused: parameters a pass does not use are exchanged as zeros (else finish() raises UsageError).
+    learn_order: lay the pool out in the order the hooks fire in the first iteration (rank 0's).
+    uneven_inputs: allows join() (dense compositions).
+    sparsifier_momentum, warmup: CSC's momentum correction and warm-up; TopK/GTopK's warm-up densities.
+    threshold_bytes: overrides the composition's fusion threshold at run time.
+    """
+    from . import is_initialized
+    if not is_initialized():
+        raise errors.make(errors.UsageError, "init", "gflow.torch.init() has not been called in this process.",
+                          "call gflow.torch.init() once, before DistributedOptimizer.")
+    methods = {k: v for k, v in _DistributedOptimizer.__dict__.items() if k not in ("__dict__", "__weakref__")}
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+    opt = cls.__new__(cls)
+    opt.__dict__.update(optimizer.__dict__)
+    opt._gflow_init(named_parameters, composition, find_unused, learn_order, uneven_inputs, sparsifier_momentum, warmup, threshold_bytes)
+    return opt
+
+
+class CSCSGD(torch.optim.Optimizer):
+    """Momentum SGD with CSC's update rule (gflow::optim::momentum_sgd; paper 000, Algorithm 1):
+    for the chunks the exchange selected, u = hu = momentum * hu + lr * g and w -= u; the chunks
+    kept back are left alone (weights and velocity). Wrap it in DistributedOptimizer with a csc=...
+    composition (it reads the selection from the exchanger); sparsifier_momentum=momentum gives
+    CSC's momentum correction, as the libtorch trainer does."""
+
+    def __init__(self, params, lr, momentum=0.9):
+        if not lr >= 0.0:
+            raise errors.make(errors.InvalidArgument, "learning_rate", "the learning rate must be finite and non-negative (got %r)." % lr,
+                              "pass e.g. 0.1 (gflow descends: w -= u).")
+        if not 0.0 <= momentum < 1.0:
+            raise errors.make(errors.InvalidArgument, "momentum", "the SGD momentum must lie in [0, 1) (got %r)." % momentum, "pass e.g. 0.9.")
+        super().__init__(params, dict(lr=lr, momentum=momentum))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        ex = getattr(self, "_exchanger", None)
+        if ex is None or ex.chunk_elems() == 0:
+            raise errors.make(errors.UsageError, "CSCSGD", "CSCSGD steps the chunks a CSC exchange selected; this optimizer has no CSC exchanger.",
+                              "wrap it: gflow.torch.DistributedOptimizer(CSCSGD(...), model.named_parameters(), composition=\"csc=4096:15\").")
+        chunk = ex.chunk_elems()
+        selected = torch.zeros(self._pool.numel(), dtype=torch.bool)
+        chosen = torch.tensor(ex.selected_chunks(), dtype=torch.long)
+        if chosen.numel():
+            starts = chosen * chunk
+            idx = (starts.unsqueeze(1) + torch.arange(chunk).unsqueeze(0)).reshape(-1)
+            selected[idx[idx < selected.numel()]] = True
+        group = self.param_groups[0]
+        lr, m = group["lr"], group["momentum"]
+        for p, off in zip(self._gparams, ex.offsets()):
+            mask = selected.narrow(0, off, p.numel()).view(p.shape)
+            state = self.state[p]
+            if "csc_velocity" not in state:
+                state["csc_velocity"] = torch.zeros_like(p)
+            hu = state["csc_velocity"]
+            hu.copy_(torch.where(mask, m * hu + lr * p.grad, hu))
+            p.sub_(torch.where(mask, hu, torch.zeros_like(hu)))

@@ -1,0 +1,223 @@
+#pragma once
+// The Python module's view of one exchanger: a small virtual interface over
+// gflow::Exchanger<...>::on<gflow::mpi::transport>, one implementation per composition compiled
+// into the module (menu_*.cpp, gflow_add_python_composition). Free of pybind11 and torch, so the
+// composition translation units compile against gflow and MPI only.
+//
+// A composition is found by name. Its name is derived from its policy types (composition_name<Set>):
+//   precision + fusion + sparsifier + topology + overlap, defaults left out, e.g.
+//   "fp16+fusion=4MiB+topk=0.01+funneled"; Exchanger<> is "dense".
+// canonical_name() puts a name a user typed into that form (order, case, 4194304 = 4MiB, 0.010 = 0.01).
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <gflow/error.hpp>
+#include <gflow/exchanger.hpp>
+#include <gflow/policies/csc.hpp>
+#include <gflow/policies/topk.hpp>
+#include <gflow/timeline.hpp>
+#include <gflow/transport/mpi.hpp>
+
+namespace gflow::python {
+
+/// One exchanger, type-erased: what the Python side needs of it.
+class port {
+ public:
+  virtual ~port() = default;
+  [[nodiscard]] virtual float* pool_data() = 0;
+  [[nodiscard]] virtual std::size_t pool_size() const = 0;
+  [[nodiscard]] virtual std::vector<std::size_t> offsets() const = 0;  // pool offset per tensor (layout index)
+  virtual void ready(std::size_t i) = 0;
+  virtual exchange_status finish() = 0;
+  virtual void begin_no_sync() = 0;
+  virtual void end_no_sync() = 0;
+  virtual join_status join() = 0;
+  [[nodiscard]] virtual std::uint64_t generation() const = 0;
+  [[nodiscard]] virtual std::uint64_t iteration() const = 0;
+  [[nodiscard]] virtual std::string save_state() const = 0;
+  virtual void load_state(const std::string& bytes) = 0;
+  virtual void set_timeline(timeline* tl) = 0;
+  /// Bucket b: [first, first + count) elements of the pool.
+  [[nodiscard]] virtual std::vector<std::pair<std::size_t, std::size_t>> buckets() const = 0;
+  /// CSC: the chunks exchanged in the last iteration and the chunk size (empty / 0 otherwise).
+  [[nodiscard]] virtual std::vector<std::uint32_t> selected_chunks() const { return {}; }
+  [[nodiscard]] virtual std::size_t chunk_elems() const { return 0; }
+  /// Sparsifier settings a trainer makes before its first iteration (the libtorch trainer's
+  /// configure_sparsifier): CSC momentum correction and warm-up; TopK/GTopK warm-up densities.
+  virtual void configure(double momentum, std::uint64_t warmup) = 0;
+  [[nodiscard]] virtual bool dense() const = 0;
+  [[nodiscard]] virtual std::string name() const = 0;
+};
+
+using factory = std::unique_ptr<port> (*)(mpi::transport&, Layout, exchange_options);
+
+/// The compositions compiled into the module, by canonical name (registry.cpp).
+void register_composition(const std::string& name, const std::string& policies, factory f);
+struct menu_entry {
+  std::string name;
+  std::string policies;  // the C++ spelling
+  factory make;
+};
+[[nodiscard]] const std::vector<menu_entry>& menu();
+/// The entry named `name` (any order, case, size or density spelling of the canonical name);
+/// invalid_argument('composition') listing the menu when there is none.
+[[nodiscard]] const menu_entry& find_composition(const std::string& name);
+[[nodiscard]] std::string canonical_name(const std::string& name);
+[[nodiscard]] std::string bytes_name(std::size_t bytes);   // 4194304 -> "4MiB"
+[[nodiscard]] std::string number_name(double v);           // shortest round-trip form
+
+namespace detail {
+template <class W> inline std::string precision_token() { return W::name == std::string_view("fp32") ? "" : std::string(W::name); }
+template <class F>
+std::string fusion_token() {
+  if constexpr (requires { F::autotuned; })
+    if (F::autotuned) return "fusion=auto";
+  if (F::threshold_bytes == 0) return "";
+  std::string s = "fusion=" + bytes_name(F::threshold_bytes);
+  if constexpr (requires { F::first_bucket_bytes; })
+    if (F::first_bucket_bytes != 0) s += ",first=" + bytes_name(F::first_bucket_bytes);
+  return s;
+}
+template <class S>
+std::string scheme_token() {
+  if constexpr (std::is_same_v<S, Dense>) return "";
+  else if constexpr (requires { S::chunk_elems; S::percent; }) return "csc=" + std::to_string(S::chunk_elems) + ":" + std::to_string(S::percent);
+  else if constexpr (requires { S::density; S::global; }) return std::string(S::global ? "gtopk=" : "topk=") + number_name(S::density);
+  else return "custom_sparsifier";
+}
+template <class A>
+std::string topology_token() {
+  if constexpr (std::is_same_v<A, Ring>) return "";
+  else if constexpr (requires { A::threshold_bytes; A::group_size; }) return "hybrid=" + bytes_name(A::threshold_bytes) + ":" + std::to_string(A::group_size);
+  else if constexpr (requires { A::group_size; }) return "hier=" + std::to_string(A::group_size);
+  else return "custom_topology";
+}
+template <class S>
+std::string overlap_token() {
+  if constexpr (std::is_same_v<S, None>) return "";
+  else if constexpr (std::is_same_v<S, Funneled>) return "funneled";
+  else if constexpr (std::is_same_v<S, Chained>) return "chained";
+  else return "concurrent=" + std::to_string(S::communicators);
+}
+}  // namespace detail
+
+/// The menu name of a policy set, from its types.
+template <class Set>
+std::string composition_name() {
+  std::string out;
+  for (const std::string& t : {detail::precision_token<typename Set::precision::format>(), detail::fusion_token<typename Set::fusion>(),
+                               detail::scheme_token<typename Set::sparsifier::scheme>(), detail::topology_token<typename Set::topology::algorithm>(),
+                               detail::overlap_token<typename Set::overlap::strategy>()})
+    if (!t.empty()) out += (out.empty() ? "" : "+") + t;
+  return out.empty() ? "dense" : out;
+}
+
+template <class Exchange>
+class port_for final : public port {
+ public:
+  using exchanger_t = typename Exchange::template on<mpi::transport>;
+  using set = typename exchanger_t::policies;
+  using sparsifier_t = std::remove_cvref_t<decltype(std::declval<exchanger_t&>().sparsifier())>;
+  static constexpr bool is_csc = requires(sparsifier_t& e) { e.selected_chunks(); e.set_warmup(1, 1); };
+  static constexpr bool is_topk = requires(sparsifier_t& e) { e.set_schedule(plan::density_schedule::constant(1.0)); };
+
+  port_for(mpi::transport& t, Layout layout, exchange_options o) : ex_(t, std::move(layout), o) {}
+
+  float* pool_data() override { return ex_.pool_data(); }
+  std::size_t pool_size() const override { return ex_.pool_size(); }
+  std::vector<std::size_t> offsets() const override { return ex_.pool_plan().offset; }
+  void ready(std::size_t i) override { ex_.ready(i); }
+  exchange_status finish() override { return ex_.finish(); }
+  void begin_no_sync() override {
+    if (scope_) throw usage_error("no_sync", "a no_sync() scope is already open on this optimizer.", "close the first scope before opening another.");
+    scope_ = std::make_unique<no_sync_scope>(ex_.no_sync());
+  }
+  void end_no_sync() override { scope_.reset(); }
+  join_status join() override {
+    if constexpr (set::sparsifier::dense) return ex_.join();
+    else
+      throw invalid_argument("join", "join() shadows the other ranks with zero contributions, which the residual of composition '" +
+                                         name() + "' cannot be.",
+                             "use join() with a dense composition (dense, fp16, bf16, fusion=..., funneled, ...).");
+  }
+  std::uint64_t generation() const override { return ex_.generation(); }
+  std::uint64_t iteration() const override { return ex_.iteration(); }
+  std::string save_state() const override {
+    std::ostringstream out(std::ios::binary);
+    ex_.save_state(out);
+    return std::move(out).str();
+  }
+  void load_state(const std::string& bytes) override {
+    std::istringstream in(bytes, std::ios::binary);
+    ex_.load_state(in);
+  }
+  void set_timeline(timeline* tl) override { ex_.set_timeline(tl); }
+  std::vector<std::pair<std::size_t, std::size_t>> buckets() const override {
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    for (const auto& b : ex_.buckets()) out.emplace_back(b.offset, b.count);
+    return out;
+  }
+  std::vector<std::uint32_t> selected_chunks() const override {
+    if constexpr (is_csc) {
+      const auto s = ex_.sparsifier().selected_chunks();
+      return {s.begin(), s.end()};
+    } else {
+      return {};
+    }
+  }
+  std::size_t chunk_elems() const override {
+    if constexpr (is_csc) return ex_.sparsifier().chunk_elems();
+    else return 0;
+  }
+  void configure(double momentum, std::uint64_t warmup) override {
+    if constexpr (is_csc) {
+      ex_.sparsifier().set_momentum(static_cast<float>(momentum));
+      ex_.sparsifier().set_warmup(warmup, warmup);
+    }
+    if constexpr (is_topk) {
+      const double final_d = ex_.sparsifier().density();
+      if (warmup >= 3) {
+        std::vector<plan::density_step> steps;
+        for (double d : {0.25, 0.0725, 0.015})
+          if (d > final_d) steps.push_back({(steps.size() + 1) * (warmup / 3), d});
+        ex_.sparsifier().set_schedule(plan::density_schedule::per_iteration(steps, final_d));
+      }
+    }
+    (void)momentum;
+    (void)warmup;
+  }
+  bool dense() const override { return set::sparsifier::dense; }
+  std::string name() const override { return composition_name<set>(); }
+
+ private:
+  exchanger_t ex_;
+  std::unique_ptr<no_sync_scope> scope_;
+};
+
+template <class Exchange>
+std::unique_ptr<port> make_port(mpi::transport& t, Layout layout, exchange_options o) {
+  return std::make_unique<port_for<Exchange>>(t, std::move(layout), o);
+}
+
+/// Registers Exchange under its derived name (and `alias`, if any) at static initialisation.
+template <class Exchange>
+struct registrar {
+  registrar(const char* policies, const char* alias = nullptr) {
+    using set = typename Exchange::policies;
+    register_composition(composition_name<set>(), policies, &make_port<Exchange>);
+    if (alias && *alias) register_composition(alias, policies, &make_port<Exchange>);
+  }
+};
+
+}  // namespace gflow::python
+
+/// GFLOW_PYTHON_COMPOSITION(id, policies...): one menu entry (a translation unit of the module).
+#define GFLOW_PYTHON_COMPOSITION(id, ...) \
+  static const ::gflow::python::registrar<::gflow::Exchanger<__VA_ARGS__>> gflow_python_entry_##id(#__VA_ARGS__)
