@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -68,26 +66,14 @@ void train(session& s) {
     const auto t0 = std::chrono::steady_clock::now();
     for (std::size_t it = epoch == static_cast<int>(start / ipe) ? start % ipe : 0; it < ipe; ++it) {
       const std::uint64_t done = static_cast<std::uint64_t>(epoch) * ipe + it;  // steps so far
-      if (o.fault_rank == s.comm().rank() && done == o.fault_at) {  // the restart tests: this rank is lost
-        std::printf("FAULT rank=%d exits before step %llu\n", o.fault_rank, static_cast<unsigned long long>(done));
-        std::fflush(stdout);
-        std::_Exit(0);  // status 0: Open MPI (orte_allowed_exit_without_sync) then lets the others run on to their timeout
-      }
-      const auto step_begin = std::chrono::steady_clock::now();
-      gflow::exchange_status status;
-      try {  // a lost rank: every survivor's next collective (the checkpoint's barrier or the exchange) times out
+      fault_point(o, s.comm().rank(), done);  // the restart tests: this rank is lost
+      // A lost rank: every survivor's next collective (the checkpoint's barrier or the exchange) times out.
+      const gflow::exchange_status status = report_timeouts(o, s.comm().rank(), done, [&] {
         if (o.checkpoint_every > 0 && done > start && done % o.checkpoint_every == 0) save_training_checkpoint(ex, o, w, opt, scaler);
         if (o.verify_replicas > 0 && done > 0 && done % o.verify_replicas == 0) gflow::verify_replicas(s.comm(), w, w_layout);
         st.loss_sum += s.train_batch(epoch, it, w, sink, scaler.scale());
-        status = ex.finish();  // averaged gradients in the pool
-      } catch (const gflow::timeout_error& e) {
-        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - step_begin).count();
-        std::printf("TIMEOUT rank=%d step=%llu detected_ms=%lld subject=%s what=%s\n", s.comm().rank(), static_cast<unsigned long long>(done),
-                    static_cast<long long>(ms), e.subject().c_str(), e.what());
-        std::fflush(stdout);
-        if (o.fault_rank >= 0) std::_Exit(0);  // the restart tests: every survivor reports (a non-zero status or MPI_Abort would end the others first)
-        throw;
-      }
+        return ex.finish();  // averaged gradients in the pool
+      });
       const float inv = account_step(st, status, scaler);
       if (inv == 0.0f) continue;  // non-finite: skipped on every rank
       s.prepare_gradients(g, inv);
@@ -98,11 +84,7 @@ void train(session& s) {
     st.iterations = ipe;
     s.end_epoch(epoch, w, st);
   }
-  if (!o.save_params.empty() && s.comm().rank() == 0) {  // --save-params: the bitwise comparison of the restart tests
-    std::ofstream f(o.save_params, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(w.data()), static_cast<std::streamsize>(w.size() * sizeof(float)));
-    if (!f) throw gflow::invalid_argument("--save-params", "writing '" + o.save_params + "' failed.", "pass a writable path.");
-  }
+  save_params(o, s.comm().rank(), w);  // --save-params: the restart tests' bitwise comparison
   if (trace) {
     ex.set_timeline(nullptr);
     trace->write_chrome_trace(ex.transport(), o.trace);
