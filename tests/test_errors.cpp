@@ -11,6 +11,7 @@
 #include <gflow/plan/density.hpp>
 #include <gflow/plan/groups.hpp>
 #include <gflow/plan/tree.hpp>
+#include <gflow/reshard.hpp>
 #include <gflow/transport/inproc.hpp>
 #include <gflow/transport/mock.hpp>
 
@@ -18,6 +19,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <sstream>
 #include <functional>
 #include <latch>
 #include <limits>
@@ -489,4 +493,90 @@ TEST_CASE("errors: broadcast_parameters and verify_replicas (E68-E73)") {
                     std::vector<float> v(t.rank() == 0 ? 8 : 10, 1.0f);
                     broadcast_parameters(t, v, 1);
                   });
+}
+
+TEST_CASE("errors: re-sharding checkpoints (E74-E84)") {
+  using E = Exchanger<Sparsifier<TopK<0.1>>>;
+  const Layout l = Layout::from_sizes({40, 24});
+  auto save_set = [&](int P, int k) {
+    std::vector<std::string> out(static_cast<std::size_t>(P));
+    inproc::run(P, [&](inproc::transport& t) {
+      typename E::template on<inproc::transport> ex(t, l);
+      for (int it = 0; it < k; ++it) {
+        for (std::size_t i = 0; i < l.size(); ++i)
+          for (float& v : ex.view(i)) v = float(t.rank() + 1) * 0.25f;
+        for (std::size_t i = 0; i < l.size(); ++i) ex.ready(i);
+        (void)ex.finish();
+      }
+      std::ostringstream os(std::ios::binary);
+      ex.save_state(os);
+      out[std::size_t(t.rank())] = os.str();
+    });
+    return out;
+  };
+  const auto set3 = save_set(3, 2), later = save_set(3, 3), set2 = save_set(2, 2);
+  const auto csc = [&] {
+    std::vector<std::string> out(1);
+    inproc::run(1, [&](inproc::transport& t) {
+      Exchanger<Sparsifier<CSC<16, 25>>>::on<inproc::transport> ex(t, l);
+      std::ostringstream os(std::ios::binary);
+      ex.save_state(os);
+      out[0] = os.str();
+    });
+    return out[0];
+  }();
+  auto reshard = [](std::vector<std::string> files, int rank = 0, int size = 2) {
+    std::vector<std::unique_ptr<std::istringstream>> own;
+    std::vector<std::istream*> p;
+    for (const auto& f : files) {
+      own.push_back(std::make_unique<std::istringstream>(f, std::ios::binary));
+      p.push_back(own.back().get());
+    }
+    std::ostringstream out(std::ios::binary);
+    reshard_checkpoint(p, rank, size, out);
+  };
+  const std::filesystem::path nowhere = std::filesystem::temp_directory_path() / "gflow_errors_no_such_dir" / "x";
+  run_table({
+      {"E74", errc::parse, "checkpoints", {"checkpoint 1 of the set cannot be read: gflow: parse error", "truncated", "Fix: pass intact checkpoints"},
+       [&] {
+         auto f = set3;
+         f[1].resize(f[1].size() - 9);
+         reshard(f);
+       }},
+      {"E75", errc::invalid_argument, "checkpoints",
+       {"the set holds 2 checkpoints of a job of 3 ranks; rank 1's is missing.", "Fix: pass the checkpoints of every rank"},
+       [&] { reshard({set3[0], set3[2]}); }},
+      {"E76", errc::invalid_argument, "checkpoints", {"rank 2 appears twice in the set (checkpoint 3 and an earlier one).", "Fix: pass each rank's checkpoint once."},
+       [&] { reshard({set3[0], set3[2], set3[1], set3[2]}); }},
+      {"E77", errc::mismatch, "iteration",
+       {"rank 0's checkpoint was saved after iteration 2, rank 1's after iteration 3: the set mixes generations.",
+        "Fix: pass checkpoints saved at the same iteration by every rank"},
+       [&] { reshard({set3[0], later[1], set3[2]}); }},
+      {"E78", errc::mismatch, "checkpoints", {"checkpoint 1 of the set was saved by another exchanger than checkpoint 0", "Fix: pass the checkpoints of one job only."},
+       [&] { reshard({set3[0], csc, set3[2]}); }},
+      {"E79", errc::invalid_argument, "checkpoints",
+       {"checkpoint 2 was saved in a job of 2 ranks; checkpoint 0 in one of 3.", "Fix: pass the checkpoints of one job only."},
+       [&] { reshard({set3[0], set3[1], set2[1]}); }},
+      {"E80", errc::invalid_argument, "composition",
+       {"re-sharding reads the sparsifier state of Dense, TopK, GTopK and CSC", "<gflow::Precision<>, gflow::NoFusion, gflow::Sparsifier<my::RandK<8> >",
+        "Fix: resume it on the same number of ranks (load_state)"},
+       [&] { (void)detail::schema_of("gflow::Precision<>, gflow::NoFusion, gflow::Sparsifier<my::RandK<8> >, gflow::Topology<>, gflow::Overlap<>"); }},
+      {"E81", errc::invalid_argument, "new_rank", {"rank 2 of 2 is not a rank of the new job.", "Fix: pass 0 <= new_rank < new_size"},
+       [&] { reshard(set3, 2, 2); }},
+      {"E82", errc::invalid_argument, "root",
+       {"holds no complete checkpoint set (iter-<n>/rank-<r>.gflow for every rank r).", "Fix: pass the directory save_checkpoint wrote to"},
+       [&] {
+         mock::transport solo(1, 0);
+         on_mock<E> ex(solo, l);
+         (void)load_checkpoint(ex, nowhere);
+       }},
+      {"E83", errc::invalid_argument, "file", {"writing the checkpoint to '", ".tmp' failed (3 bytes).", "Fix: check the directory exists"},
+       [&] { write_file_atomically(nowhere, "abc"); }},
+      {"E84", errc::invalid_argument, "checkpoints", {"the checkpoint file '", "' cannot be opened.", "Fix: pass the files every rank of the saving job wrote"},
+       [&] {
+         mock::transport solo(1, 0);
+         on_mock<E> ex(solo, l);
+         load_resharded(ex, std::vector<std::filesystem::path>{nowhere});
+       }},
+  });
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -190,7 +191,10 @@ class cnn_session {
     gflow::optim::dynamic_loss_scale scaler(port_->loss_scale());
     broadcast_model(0);
     if (probe_ > 0) run_probe();
-    for (int epoch = 0; epoch < o_.epochs; ++epoch) {
+    // --resume DIR (issue 25): the newest complete set, re-sharded when the job size differs.
+    const std::uint64_t start = o_.resume.empty() ? 0 : resume(scaler);
+    const int first_epoch = static_cast<int>(start / steps_);
+    for (int epoch = first_epoch; epoch < o_.epochs; ++epoch) {
       std::vector<std::uint32_t> order = shard_;  // reshuffled per rank and epoch, from the seed
       std::mt19937_64 g(o_.seed * 1000003ull + static_cast<std::uint64_t>(epoch) * 7919ull + static_cast<std::uint64_t>(comm_.rank()));
       std::shuffle(order.begin(), order.end(), g);
@@ -198,29 +202,35 @@ class cnn_session {
       timings tm;
       const auto t0 = clock_type::now();
       const std::size_t steps = lo_.uneven ? steps_for(steps_, comm_.rank(), comm_.size()) : steps_;
-      for (std::size_t step_i = 0; step_i < steps; ++step_i) {
+      for (std::size_t step_i = epoch == first_epoch ? start % steps_ : 0; step_i < steps; ++step_i) {
         // --verify-replicas N: before every N-th step (with --uneven the ranks' step counts differ,
         // so the check comes at the end of the epoch instead, once the replicas are synchronised).
         const std::uint64_t done = static_cast<std::uint64_t>(epoch) * steps_ + step_i;  // steps so far
+        fault_point(o_, comm_.rank(), done);  // the restart tests: this rank is lost
+        if (o_.checkpoint_every > 0 && done > start && done % o_.checkpoint_every == 0) save_set(done, scaler);  // no collective: each rank writes its own files
         if (o_.verify_replicas > 0 && !lo_.uneven && done > 0 && done % o_.verify_replicas == 0)
           gflow::verify_replicas(comm_, weights(), weights_layout_);
         // --accumulate A: A micro-batches of --batch samples, all but the last under no_sync; each
         // loss is divided by A, so the exchanged sum is the gradient of the mean over A * batch.
         const auto a = clock_type::now();
         float loss = 0.0f;
-        for (std::size_t m = 0; m < lo_.accumulate; ++m) {
-          const std::size_t it = step_i * lo_.accumulate + m;
-          const torch::Tensor x = images(data_.train_images, order.data() + it * o_.batch, o_.batch);
-          const torch::Tensor y = labels(data_.train_labels, order.data() + it * o_.batch, o_.batch);
-          const bool last = m + 1 == lo_.accumulate;
-          if (!last) port_->begin_no_sync();
-          loss += forward_backward(x, y, scaler.scale() / static_cast<float>(lo_.accumulate), /*zero=*/m == 0,
-                                   !lo_.unused_branch || branch_used(it, comm_.rank())) /
-                  static_cast<float>(lo_.accumulate);
-          if (!last) port_->end_no_sync();
-        }
-        const auto b = clock_type::now();
-        const gflow::exchange_status status = port_->finish();  // the averaged gradients are in .grad
+        clock_type::time_point b;
+        // A lost rank: a survivor's collectives (launched from the backward hooks or in finish) time out.
+        const gflow::exchange_status status = report_timeouts(o_, comm_.rank(), done, [&] {
+          for (std::size_t m = 0; m < lo_.accumulate; ++m) {
+            const std::size_t it = step_i * lo_.accumulate + m;
+            const torch::Tensor x = images(data_.train_images, order.data() + it * o_.batch, o_.batch);
+            const torch::Tensor y = labels(data_.train_labels, order.data() + it * o_.batch, o_.batch);
+            const bool last = m + 1 == lo_.accumulate;
+            if (!last) port_->begin_no_sync();
+            loss += forward_backward(x, y, scaler.scale() / static_cast<float>(lo_.accumulate), /*zero=*/m == 0,
+                                     !lo_.unused_branch || branch_used(it, comm_.rank())) /
+                    static_cast<float>(lo_.accumulate);
+            if (!last) port_->end_no_sync();
+          }
+          b = clock_type::now();
+          return port_->finish();  // the averaged gradients are in .grad
+        });
         rebind_if_moved();
         const auto c = clock_type::now();
         tm.backward += ms_since(backward_start_, b);
@@ -244,6 +254,14 @@ class cnn_session {
       }
       end_epoch(epoch, st, tm);
     }
+    // --save-params: the restart tests' bitwise comparison; the parameters, then the batch-norm
+    // statistics (averaged over the ranks at the end of the last epoch: every rank's count).
+    std::vector<float> saved(weights().begin(), weights().end());
+    for (const torch::Tensor& b : float_buffers()) {
+      const torch::Tensor c = b.contiguous();
+      saved.insert(saved.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+    }
+    save_params(o_, comm_.rank(), saved);
   }
 
   int finish() {
@@ -286,6 +304,103 @@ class cnn_session {
                                                  " instead of accumulating into gflow's pool.",
                                  "call backward() without create_graph, and do not assign .grad between iterations.");
     return loss.item<float>();
+  }
+
+  // ---- checkpoints (issue 25, examples/trainer/restart.hpp) ------------------------------------
+  // Every rank writes its model file: the parameters and the momentum (equal on every rank), its
+  // own batch-norm running statistics (each rank keeps its own until they are averaged at the end
+  // of an epoch, so a same-size restart needs each rank's to be bitwise) and the loss scale. It
+  // writes it before its exchanger file, so a set whose exchanger files are complete has every
+  // model file. On resume rank r reads old rank (r mod P)'s model file (at the same size its own).
+  static std::filesystem::path model_file(const std::filesystem::path& set_dir, int rank) {
+    return set_dir / ("torch-rank-" + std::to_string(rank) + ".bin");
+  }
+  void save_set(std::uint64_t done, const gflow::optim::dynamic_loss_scale& scaler) {
+    if (port_->iteration() != done)  // a resume continues from the exchanger's iteration: it must count the steps
+      throw gflow::usage_error("--checkpoint-every", "the exchanger is at iteration " + std::to_string(port_->iteration()) + " before step " +
+                                                         std::to_string(done) + ".",
+                               "leave out the options that add or skip exchanges (--probe, --uneven) in runs with checkpoints.");
+    const std::filesystem::path dir = gflow::checkpoint_set_dir(o_.checkpoint_dir, port_->iteration());
+    std::filesystem::create_directories(dir);
+    write_model_file(model_file(dir, comm_.rank()), "GFTORCHR", port_->iteration(), [&](gflow::detail::checkpoint_writer& w) {
+      const std::span<float> wt = weights();
+      w.array(wt.data(), wt.size());
+      for (const torch::Tensor& b : float_buffers()) {
+        const torch::Tensor c = b.contiguous();
+        w.array(c.data_ptr<float>(), static_cast<std::size_t>(c.numel()));
+      }
+      if (csc_opt_) {
+        w.array(csc_opt_->velocity().data(), csc_opt_->velocity().size());
+      } else {
+        auto& state = sgd_->state();
+        for (torch::Tensor& p : params_) {  // a parameter that never had a gradient has no momentum buffer yet
+          const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+          w.u32(state.count(key) ? 1 : 0);
+          if (!state.count(key)) continue;
+          const torch::Tensor m = static_cast<torch::optim::SGDParamState&>(*state.at(key)).momentum_buffer().contiguous();
+          w.array(m.data_ptr<float>(), static_cast<std::size_t>(m.numel()));
+        }
+      }
+      w.f32(scaler.scale());
+      w.u32(scaler.good_steps());
+      w.u64(scaler.skipped());
+    });
+    port_->save_exchange(o_.checkpoint_dir);
+    print_checkpoint(dir, port_->iteration(), comm_.rank());
+  }
+  // The exchanger first (load_checkpoint checks the whole set before applying it; it may lay the
+  // pool out in the learned order, and the parameters follow), then the model file, read whole and
+  // checked (checksum, magic, iteration, sizes) before any of it is applied.
+  std::uint64_t resume(gflow::optim::dynamic_loss_scale& scaler) {
+    const resumed_set set = port_->load_exchange(o_.resume);
+    rebind_if_moved();
+    std::vector<float> wv, vel;
+    std::vector<std::vector<float>> bufs, moms;
+    std::vector<bool> has_mom;
+    float scale = 0;
+    std::uint32_t good = 0;
+    std::uint64_t skipped = 0;
+    const std::vector<torch::Tensor> buffers = float_buffers();
+    read_model_file(model_file(set.dir, comm_.rank() % set.saved_ranks), "GFTORCHR", set.start, [&](gflow::detail::checkpoint_reader& r) {
+      r.array_exact(wv, weights().size(), "the parameters");
+      for (const torch::Tensor& b : buffers) r.array_exact(bufs.emplace_back(), static_cast<std::size_t>(b.numel()), "a batch-norm buffer");
+      if (csc_opt_) {
+        r.array_exact(vel, csc_opt_->velocity().size(), "the velocity");
+      } else {
+        for (const torch::Tensor& p : params_) {
+          has_mom.push_back(r.u32("a momentum flag") != 0);
+          moms.emplace_back();
+          if (has_mom.back()) r.array_exact(moms.back(), static_cast<std::size_t>(p.numel()), "a momentum buffer");
+        }
+      }
+      scale = r.f32("the loss scale");
+      good = r.u32("the loss scale's good steps");
+      skipped = r.u64("the skipped steps");
+    });
+    torch::NoGradGuard ng;
+    std::copy(wv.begin(), wv.end(), weights().begin());
+    for (std::size_t i = 0; i < buffers.size(); ++i) {
+      torch::Tensor b = buffers[i];
+      b.copy_(torch::from_blob(bufs[i].data(), b.sizes(), torch::kFloat));
+    }
+    if (csc_opt_) {
+      std::copy(vel.begin(), vel.end(), csc_opt_->velocity().begin());
+    } else {
+      auto& state = sgd_->state();
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        const auto key = c10::guts::to_string(params_[i].unsafeGetTensorImpl());
+        if (!has_mom[i]) {
+          state.erase(key);
+          continue;
+        }
+        auto st = std::make_unique<torch::optim::SGDParamState>();
+        st->momentum_buffer(torch::from_blob(moms[i].data(), params_[i].sizes(), torch::kFloat).clone());
+        state[key] = std::move(st);
+      }
+    }
+    scaler.restore(scale, good, skipped);
+    print_resumed(set, comm_.rank(), comm_.size());
+    return set.start;
   }
 
   // learn_order moves the views once (generation() changes): the parameters follow into a new
@@ -528,6 +643,11 @@ int run(int argc, char** argv, const char* name, const port_factory& make_port) 
                     usage(name).c_str());
       return {};
     }
+    if (o.timeout_ms >= 0) comm.set_timeout(std::chrono::milliseconds(o.timeout_ms));
+    if ((o.checkpoint_every > 0 || !o.resume.empty()) && (lo.uneven || lo.probe > 0))
+      throw gflow::invalid_argument(lo.uneven ? "--uneven" : "--probe",
+                                    "checkpoints count steps by the exchanger's iterations, which --uneven (join) and --probe (extra exchanges) shift.",
+                                    "leave --uneven and --probe out of runs with --checkpoint-every or --resume.");
     auto s = std::make_shared<cnn_session>(o, comm, name, make_port, lo);
     return [s, name, &comm] {
       if (comm.rank() == 0) {

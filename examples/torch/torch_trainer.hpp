@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <span>
 
 #include <gflow/exchanger.hpp>
@@ -21,6 +22,7 @@
 #include <gflow/transport/mpi.hpp>
 
 #include "exchange_setup.hpp"
+#include "restart.hpp"
 #include "trainer.hpp"
 
 namespace trainer::torch_cnn {
@@ -62,6 +64,12 @@ class exchange_port {
   virtual void end_no_sync() = 0;
   virtual gflow::join_status join() = 0;
   virtual std::uint64_t generation() const = 0;
+  // Checkpoints (issue 25): this rank's exchanger file of the set (gflow::save_checkpoint); the
+  // newest complete set loaded (trainer::resume_exchange: gflow::load_checkpoint, re-sharded when
+  // the size differs, with the RESHARD line of what it conserved); the exchanger's iteration.
+  virtual void save_exchange(const std::string& root) const = 0;
+  virtual resumed_set load_exchange(const std::string& root) = 0;
+  virtual std::uint64_t iteration() const = 0;
 };
 
 /// Builds the port for the model's layout, once the session knows it.
@@ -102,6 +110,9 @@ class port final : public exchange_port {
     else return {};  // refused by checked() at construction
   }
   std::uint64_t generation() const override { return ex_.generation(); }
+  void save_exchange(const std::string& root) const override { (void)gflow::save_checkpoint(ex_, root); }
+  resumed_set load_exchange(const std::string& root) override { return resume_exchange(ex_, root); }
+  std::uint64_t iteration() const override { return ex_.iteration(); }
 
  private:
   static const loop_options& checked(const loop_options& lo) {

@@ -42,6 +42,27 @@ bool parse_replica_option(options& o, int& i, int argc, const char* const* argv)
   return true;
 }
 
+// ---- issue 25: checkpoints and restarts (kept apart like the replica option) ----------------------
+bool parse_restart_option(options& o, int& i, int argc, const char* const* argv) {
+  const std::string flag = argv[i];
+  static const char* const mine[] = {"--checkpoint-every", "--checkpoint-dir", "--resume", "--timeout-ms", "--fault-rank", "--fault-at", "--save-params"};
+  bool is_mine = false;
+  for (const char* k : mine) is_mine = is_mine || flag == k;
+  if (!is_mine) return false;
+  if (i + 1 >= argc) throw gflow::invalid_argument(flag, "the option needs a value.", "write e.g. " + flag + " VALUE.");
+  const std::string v = argv[++i];
+  if (flag == "--checkpoint-every") o.checkpoint_every = parse_count(flag, v, 0);
+  else if (flag == "--checkpoint-dir") o.checkpoint_dir = v;
+  else if (flag == "--resume") o.resume = v;
+  else if (flag == "--timeout-ms") o.timeout_ms = static_cast<std::int64_t>(parse_count(flag, v, 0));
+  else if (flag == "--fault-rank") o.fault_rank = static_cast<int>(parse_count(flag, v, 0));
+  else if (flag == "--fault-at") o.fault_at = parse_count(flag, v, 1);
+  else o.save_params = v;
+  if (flag == "--checkpoint-dir" || flag == "--resume" || flag == "--save-params")
+    if (v.empty()) throw gflow::invalid_argument(flag, "the path is empty.", "pass a directory or file name.");
+  return true;
+}
+
 }  // namespace
 
 std::string usage(const std::string& program) {
@@ -63,6 +84,12 @@ std::string usage(const std::string& program) {
          "  --csv FILE             per-epoch rows (rank 0)\n"
          "  --trace FILE           Chrome trace-event JSON of the exchanges, every rank (open in Perfetto; first ~260k events per rank)\n"
          "  --verify-replicas N    check every N steps that the ranks' parameters are bitwise equal (gflow::verify_replicas; default 0: off)\n"
+         "  --checkpoint-every K   save a checkpoint set (exchanger state of every rank + the model) every K steps; default 0: off\n"
+         "  --checkpoint-dir DIR   where the sets go, DIR/iter-<n>/ (default gflow-checkpoints)\n"
+         "  --resume DIR           start from DIR's newest complete set; another number of ranks re-shards it (gflow::load_checkpoint)\n"
+         "  --timeout-ms MS        the transport's timeout (default 10 min; 0: none)\n"
+         "  --fault-rank R --fault-at N   (tests) rank R exits without MPI_Finalize before step N; the others report their timeout_error and leave (status 0)\n"
+         "  --save-params FILE     rank 0 writes the final parameters (raw float32, pool order)\n"
          "  --check-acc A          exit 3 unless the final test accuracy (percent) >= A and the training loss fell\n"
          "  --help\n";
 }
@@ -76,6 +103,7 @@ options parse_cli(int argc, const char* const* argv) {
       continue;
     }
     if (parse_replica_option(o, i, argc, argv)) continue;
+    if (parse_restart_option(o, i, argc, argv)) continue;
     static const char* const known[] = {"--data", "--epochs", "--batch", "--lr", "--momentum", "--weight-decay", "--seed", "--train-limit",
                                         "--warmup-iters", "--loss-scale", "--loss-scale-init", "--loss-scale-window", "--lars", "--rho",
                                         "--csv", "--check-acc", "--trace"};

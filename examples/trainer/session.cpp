@@ -3,6 +3,7 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -373,6 +374,7 @@ int run_frame(int argc, char** argv, const char* name, const std::function<std::
 int run_main(int argc, char** argv, const char* name, const std::function<void(session&)>& body) {
   return run_frame(argc, argv, name, [&](gflow::mpi::transport& comm) -> std::function<int()> {
     const options o = parse_cli(argc, argv);
+    if (o.timeout_ms >= 0) comm.set_timeout(std::chrono::milliseconds(o.timeout_ms));
     if (o.help) {
       if (comm.rank() == 0) std::fputs(usage(name).c_str(), stdout);
       return {};

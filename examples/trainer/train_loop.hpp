@@ -22,6 +22,7 @@
 #include <gflow/transport/mpi.hpp>
 
 #include "exchange_setup.hpp"
+#include "restart.hpp"
 #include "trainer.hpp"
 
 namespace trainer {
@@ -57,14 +58,22 @@ void train(session& s) {
   // checks every N steps that they stay so (gflow::mismatch_error on every rank otherwise).
   gflow::broadcast_parameters(s.comm(), w, 0);
   const gflow::Layout w_layout = pool_order_layout(s.layout(), s.offsets());
-  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+  // --resume DIR: the newest complete checkpoint set, re-sharded when the job size differs.
+  const std::uint64_t start = o.resume.empty() ? 0 : resume_training(ex, o, w, opt, scaler);
+  const std::size_t ipe = s.iterations_per_epoch();
+  for (int epoch = static_cast<int>(start / ipe); epoch < o.epochs; ++epoch) {
     epoch_stats st;
     const auto t0 = std::chrono::steady_clock::now();
-    for (std::size_t it = 0; it < s.iterations_per_epoch(); ++it) {
-      const std::uint64_t done = static_cast<std::uint64_t>(epoch) * s.iterations_per_epoch() + it;  // steps so far
-      if (o.verify_replicas > 0 && done > 0 && done % o.verify_replicas == 0) gflow::verify_replicas(s.comm(), w, w_layout);
-      st.loss_sum += s.train_batch(epoch, it, w, sink, scaler.scale());
-      const gflow::exchange_status status = ex.finish();  // averaged gradients in the pool
+    for (std::size_t it = epoch == static_cast<int>(start / ipe) ? start % ipe : 0; it < ipe; ++it) {
+      const std::uint64_t done = static_cast<std::uint64_t>(epoch) * ipe + it;  // steps so far
+      fault_point(o, s.comm().rank(), done);  // the restart tests: this rank is lost
+      // A lost rank: every survivor's next collective (the checkpoint's barrier or the exchange) times out.
+      const gflow::exchange_status status = report_timeouts(o, s.comm().rank(), done, [&] {
+        if (o.checkpoint_every > 0 && done > start && done % o.checkpoint_every == 0) save_training_checkpoint(ex, o, w, opt, scaler);
+        if (o.verify_replicas > 0 && done > 0 && done % o.verify_replicas == 0) gflow::verify_replicas(s.comm(), w, w_layout);
+        st.loss_sum += s.train_batch(epoch, it, w, sink, scaler.scale());
+        return ex.finish();  // averaged gradients in the pool
+      });
       const float inv = account_step(st, status, scaler);
       if (inv == 0.0f) continue;  // non-finite: skipped on every rank
       s.prepare_gradients(g, inv);
@@ -72,9 +81,10 @@ void train(session& s) {
       else opt.step_all(w, g);
     }
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    st.iterations = s.iterations_per_epoch();
+    st.iterations = ipe;
     s.end_epoch(epoch, w, st);
   }
+  save_params(o, s.comm().rank(), w);  // --save-params: the restart tests' bitwise comparison
   if (trace) {
     ex.set_timeline(nullptr);
     trace->write_chrome_trace(ex.transport(), o.trace);

@@ -39,6 +39,14 @@ struct options {
   std::string csv;                 // per-epoch rows (rank 0)
   std::string trace;               // Chrome trace of the exchanges (every rank, written by rank 0)
   std::uint64_t verify_replicas = 0;  // --verify-replicas N: gflow::verify_replicas every N steps; 0: off
+  // issue 25: checkpoints, restart on another number of ranks, fault injection for the tests
+  std::uint64_t checkpoint_every = 0;  // --checkpoint-every K: a checkpoint set every K steps; 0: off
+  std::string checkpoint_dir = "gflow-checkpoints";  // --checkpoint-dir DIR: where the sets go (DIR/iter-<n>/)
+  std::string resume;                  // --resume DIR: start from DIR's newest complete set (re-sharded if P differs)
+  std::int64_t timeout_ms = -1;        // --timeout-ms MS: the transport's timeout; -1: its default (10 min)
+  int fault_rank = -1;                 // --fault-rank R --fault-at N: rank R exits without MPI_Finalize before step N
+  std::uint64_t fault_at = 0;
+  std::string save_params;             // --save-params FILE: rank 0 writes the final parameters (raw float32)
   bool help = false;
 };
 

@@ -202,6 +202,7 @@ class basic_exchanger : private detail::iteration_state {
   [[nodiscard]] std::size_t threshold_bytes() const noexcept { return threshold_; }
   [[nodiscard]] std::size_t first_bucket_bytes() const noexcept { return first_bucket_; }
   [[nodiscard]] std::uint64_t iteration() const noexcept { return iteration_; }
+  [[nodiscard]] const exchange_options& options() const noexcept { return opt_; }
   [[nodiscard]] T& transport() const noexcept { return *t_; }
   /// Device transports: the stream the backward pass writes gradients on. Each bucket's work is
   /// then ordered after it by an event, with no host synchronisation in ready().
@@ -270,9 +271,9 @@ class basic_exchanger : private detail::iteration_state {
     w.finish();
   }
 
-  /// Restores what save_state wrote on the same rank, in a job of the same size, into an
-  /// exchanger of the same layout and composition; the next iterations then produce bitwise the
-  /// gradients the saving exchanger would have. Between iterations only (usage_error).
+  /// Restores what save_state wrote on the same rank, in a job of the same size (another size:
+  /// gflow::load_resharded, <gflow/reshard.hpp>), into an exchanger of the same layout and
+  /// composition; the next iterations are then bitwise the saver's. Between iterations only.
   /// A truncated or corrupt checkpoint raises parse_error, one of another layout, composition,
   /// rank or size mismatch_error naming what differs; the exchanger is then unchanged (the
   /// whole checkpoint is read and validated before anything is applied).
@@ -415,7 +416,6 @@ class basic_exchanger : private detail::iteration_state {
     if constexpr (detail::switched_topology<engine_t>)
       if (p.hybrid_switch != engine_.threshold()) engine_.set_threshold(p.hybrid_switch);
   }
-
 
   T* t_;
   Layout layout_;

@@ -75,6 +75,17 @@ class dynamic_loss_scale {
   [[nodiscard]] std::uint32_t good_steps() const noexcept { return good_; }
   [[nodiscard]] const loss_scale_options& options() const noexcept { return o_; }
 
+  /// Restores what scale(), good_steps() and skipped() returned (a trainer's checkpoint).
+  void restore(float scale, std::uint32_t good_steps, std::uint64_t skipped) {
+    if (!(std::isfinite(scale) && scale >= o_.min_scale && scale <= o_.max_scale))
+      throw invalid_argument("scale", "the restored loss scale " + std::to_string(scale) + " is not finite or lies outside [" +
+                                          std::to_string(o_.min_scale) + ", " + std::to_string(o_.max_scale) + "].",
+                             "restore the values this loss scale (with these options) returned when it was saved.");
+    scale_ = scale;
+    good_ = good_steps;
+    skipped_ = skipped;
+  }
+
  private:
   loss_scale_options o_;
   float scale_ = 1.0f;

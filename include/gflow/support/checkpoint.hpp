@@ -338,10 +338,9 @@ inline void write_checkpoint_header(checkpoint_writer& w, const checkpoint_ident
   w.checksum();
 }
 
-/// Reads and checks a header against `mine`: corruption is a parse_error, a checkpoint of
-/// another layout, composition, rank or size a mismatch_error naming what differs.
-/// `layout` is the loading exchanger's, to name the first tensor that differs.
-inline void read_checkpoint_header(checkpoint_reader& r, const checkpoint_identity& mine, const Layout& layout) {
+/// Reads a header (magic, version, identity, header checksum); corruption is a parse_error.
+/// `max_tensors` bounds the tensor count read (the loading layout's size + 1 reports a mismatch).
+inline checkpoint_identity read_checkpoint_identity(checkpoint_reader& r, std::size_t max_tensors) {
   char magic[sizeof checkpoint_magic];
   r.bytes(magic, sizeof magic, "the magic number");
   if (std::memcmp(magic, checkpoint_magic, sizeof magic) != 0)
@@ -355,15 +354,30 @@ inline void read_checkpoint_header(checkpoint_reader& r, const checkpoint_identi
                       "load it with the gflow version that wrote it (the format is versioned; there is no conversion between versions).");
   checkpoint_identity f;
   f.layout_fp = r.u64("the layout fingerprint");
-  // Bounded by the loading layout's size + 1: enough to report a different tensor count.
-  f.tensor_fps = r.array_upto<std::uint64_t>(std::max<std::size_t>(mine.tensor_fps.size() + 1, std::size_t{1} << 20), "the tensor fingerprints");
+  f.tensor_fps = r.array_upto<std::uint64_t>(max_tensors, "the tensor fingerprints");
   f.composition_fp = r.u64("the composition fingerprint");
   f.composition = r.str(checkpoint_max_name, "the composition name");
   f.rank = r.u32("the rank");
   f.size = r.u32("the number of ranks");
   f.pool_elems = r.u64("the pool size");
   r.verify_checksum("header");
+  return f;
+}
 
+inline void check_checkpoint_identity(const checkpoint_identity& f, const checkpoint_identity& mine, const Layout& layout, bool check_rank_size);
+
+/// Reads and checks a header against `mine`: corruption is a parse_error, a checkpoint of
+/// another layout, composition, rank or size a mismatch_error naming what differs (rank and size
+/// only when `check_rank_size`: a re-sharding load checks those itself). `layout` is the loading
+/// exchanger's, to name the first tensor that differs.
+inline void read_checkpoint_header(checkpoint_reader& r, const checkpoint_identity& mine, const Layout& layout, bool check_rank_size = true) {
+  // Bounded by the loading layout's size + 1: enough to report a different tensor count.
+  check_checkpoint_identity(read_checkpoint_identity(r, std::max<std::size_t>(mine.tensor_fps.size() + 1, std::size_t{1} << 20)), mine, layout,
+                            check_rank_size);
+}
+
+/// The checks of read_checkpoint_header on an identity already read (`f`, the checkpoint's).
+inline void check_checkpoint_identity(const checkpoint_identity& f, const checkpoint_identity& mine, const Layout& layout, bool check_rank_size) {
   if (f.composition_fp != mine.composition_fp || f.composition != mine.composition)
     throw mismatch_error("composition",
                          "the checkpoint was saved by an exchanger with policies <" + f.composition + ">; this exchanger has <" + mine.composition + ">.",
@@ -380,10 +394,11 @@ inline void read_checkpoint_header(checkpoint_reader& r, const checkpoint_identi
       what += "; the checkpoint's layout has more tensors after tensor " + std::to_string(i) + ".";
     throw mismatch_error("layout", what, "load it into an exchanger built with the same layout (same tensors, shapes and order) as the run that saved it.");
   }
+  if (!check_rank_size) return;
   if (f.size != mine.size)
     throw mismatch_error("size",
                          "the checkpoint was saved by a job of " + std::to_string(f.size) + " ranks; this one has " + std::to_string(mine.size) + ".",
-                         "resume with the same number of ranks: residuals are per rank and cannot be redistributed over another count.");
+                         "resume with the same number of ranks, or re-shard the whole set of P checkpoints (gflow::load_resharded, gflow-reshard).");
   if (f.rank != mine.rank)
     throw mismatch_error("rank",
                          "the checkpoint was saved by rank " + std::to_string(f.rank) + "; this exchanger is rank " + std::to_string(mine.rank) +

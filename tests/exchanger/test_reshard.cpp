@@ -1,0 +1,444 @@
+// Re-sharding checkpoints (support/reshard.hpp, reshard.hpp): P checkpoints loaded by a job of
+// P' ranks. P' = P is the identity byte for byte (every built-in composition, so the section
+// parser matches what each engine writes); P' != P conserves every residual element
+// (sum over ranks / ranks, bitwise on dyadic values; the plain sum with average off), carries the
+// iteration, schedules and selections over, and the next iterations apply exactly the pending
+// update; every bad set is a typed error before anything is applied.
+#include <doctest/doctest.h>
+
+#include <gflow/exchanger.hpp>
+#include <gflow/reshard.hpp>
+#include <gflow/transport/inproc.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <cstdlib>
+#include <iterator>
+#include <vector>
+
+#include <unistd.h>
+
+#include "compositions.hpp"
+
+using namespace gflow;
+using gflow_test::on_inproc;
+
+namespace {
+
+const Layout& rs_layout() {
+  static const Layout l = Layout::from_sizes({300, 17, 1024, 5, 999, 64});
+  return l;
+}
+
+/// Dyadic gradients: multiples of 1/64 in [-1/2, 1/2), so sums over a few ranks, their halves and
+/// quarters (and * 3/4) are exact in float.
+float dyadic(int rank, std::size_t i, std::size_t j, int it) {
+  const std::uint64_t h = (std::uint64_t(rank) * 7919u + i * 104729u + j * 31u + std::uint64_t(it) * 613u) % 64u;
+  return (static_cast<float>(h) - 32.0f) / 64.0f;
+}
+
+template <class X>
+void step(X& ex, int rank, int it, bool zero = false) {
+  const Layout& l = ex.layout();
+  for (std::size_t i = 0; i < l.size(); ++i) {
+    auto v = ex.view(i);
+    for (std::size_t j = 0; j < v.size(); ++j) v[j] = zero ? 0.0f : dyadic(rank, i, j, it);
+  }
+  for (std::size_t i = l.size(); i-- > 0;) ex.ready(i);
+  (void)ex.finish();
+}
+
+template <class X>
+std::vector<float> residual_of(const X& ex) {
+  auto r = ex.sparsifier().residual();
+  return {r.begin(), r.end()};
+}
+
+/// P ranks run k iterations (configure first), each saves; returns the P checkpoints.
+template <class E>
+std::vector<std::string> saved_set(int P, int k, const std::function<void(on_inproc<E>&)>& configure, exchange_options opt = {}) {
+  std::vector<std::string> files(static_cast<std::size_t>(P));
+  inproc::run(P, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, rs_layout(), opt);
+    configure(ex);
+    for (int it = 0; it < k; ++it) step(ex, t.rank(), it);
+    std::ostringstream os(std::ios::binary);
+    ex.save_state(os);
+    files[std::size_t(t.rank())] = os.str();
+  });
+  return files;
+}
+
+struct streams {
+  std::vector<std::unique_ptr<std::istringstream>> own;
+  std::vector<std::istream*> ptr;
+  explicit streams(const std::vector<std::string>& files) {
+    for (const auto& f : files) {
+      own.push_back(std::make_unique<std::istringstream>(f, std::ios::binary));
+      ptr.push_back(own.back().get());
+    }
+  }
+  std::span<std::istream* const> span() const { return ptr; }
+};
+
+/// The residual of each old checkpoint (loaded back on its own rank).
+template <class E>
+std::vector<std::vector<float>> residuals_of_set(const std::vector<std::string>& files, exchange_options opt = {}) {
+  const int P = static_cast<int>(files.size());
+  std::vector<std::vector<float>> out(files.size());
+  inproc::run(P, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, rs_layout(), opt);
+    std::istringstream in(files[std::size_t(t.rank())], std::ios::binary);
+    ex.load_state(in);
+    out[std::size_t(t.rank())] = residual_of(ex);
+  });
+  return out;
+}
+
+std::vector<double> sum_over_ranks(const std::vector<std::vector<float>>& r) {
+  std::vector<double> s(r.at(0).size(), 0.0);
+  for (const auto& v : r)
+    for (std::size_t i = 0; i < v.size(); ++i) s[i] += v[i];
+  return s;
+}
+
+/// Loads `files` re-sharded on P2 ranks; returns each new rank's residual and its iteration.
+template <class E>
+std::vector<std::vector<float>> load_on(int P2, const std::vector<std::string>& files, std::uint64_t expect_iteration, exchange_options opt = {}) {
+  std::vector<std::vector<float>> out(static_cast<std::size_t>(P2));
+  inproc::run(P2, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, rs_layout(), opt);
+    streams s(files);
+    load_resharded(ex, s.span());
+    CHECK(ex.iteration() == expect_iteration);
+    out[std::size_t(t.rank())] = residual_of(ex);
+  });
+  return out;
+}
+
+template <class E>
+void check_conservation(int P, int k, const std::function<void(on_inproc<E>&)>& configure) {
+  for (bool average : {true, false}) {
+    exchange_options opt;
+    opt.average = average;
+    const auto files = saved_set<E>(P, k, configure, opt);
+    const auto before = sum_over_ranks(residuals_of_set<E>(files, opt));
+    bool nonzero = false;
+    for (double v : before) nonzero = nonzero || v != 0.0;
+    REQUIRE(nonzero);  // the test means something only with residual held
+    for (int P2 : {1, 2, 3, P + 2}) {
+      CAPTURE(average);
+      CAPTURE(P2);
+      const auto after_r = load_on<E>(P2, files, std::uint64_t(k), opt);
+      const auto after = sum_over_ranks(after_r);
+      REQUIRE(after.size() == before.size());
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < after.size(); ++i)
+        // average: sum'/P' == sum/P (as P * sum' == P' * sum, exact on these values); sum: equal.
+        if (average ? after[i] * P != before[i] * P2 : after[i] != before[i]) ++bad;
+      CHECK(bad == 0);
+      for (int q = P; q < P2; ++q)  // new ranks past the old count start with nothing held
+        for (float v : after_r[std::size_t(q)]) REQUIRE(v == 0.0f);
+    }
+  }
+}
+
+}  // namespace
+
+// ---- P' = P: the identity, byte for byte (the parser reads what every engine writes) ------------
+
+template <class E>
+void check_identity(int P, int k, const std::function<void(on_inproc<E>&)>& configure, exchange_options opt = {}) {
+  const auto files = saved_set<E>(P, k, configure, opt);
+  streams s(files);
+  const auto out = reshard_checkpoints(s.span(), P, {opt.average});
+  REQUIRE(out.size() == files.size());
+  for (std::size_t r = 0; r < files.size(); ++r) CHECK(out[r] == files[r]);
+}
+
+TEST_CASE("reshard: P' = P rewrites every built-in composition's checkpoints byte for byte") {
+  auto none = [](auto&) {};
+  check_identity<Exchanger<Fusion<1024>>>(3, 2, none);
+  check_identity<Exchanger<Precision<wire::fp16>, Fusion<1024>, Sparsifier<CSC<64, 20>>>>(3, 5, [](auto& ex) { ex.sparsifier().set_warmup(1, 2); });
+  check_identity<Exchanger<Sparsifier<CSC<64, 20>>, Topology<Hybrid<4096, 2>>>>(4, 3, [](auto& ex) { ex.sparsifier().set_warmup(0, 0); });
+  check_identity<Exchanger<Sparsifier<TopK<0.01>>>>(3, 4,
+                                                    [](auto& ex) { ex.sparsifier().set_schedule(plan::density_schedule::per_iteration({{2, 0.5}}, 0.05)); });
+  check_identity<Exchanger<Fusion<2048>, Sparsifier<GTopK<0.01>>>>(4, 3, none);
+  check_identity<Exchanger<Fusion<Auto>, Sparsifier<TopK<0.05>>>>(2, 3, none);
+  exchange_options learn;
+  learn.learn_order = true;
+  check_identity<Exchanger<Fusion<2048>>>(2, 3, none, learn);
+}
+
+// ---- P' != P: conservation --------------------------------------------------------------------
+
+TEST_CASE("reshard: TopK and GTopK residuals are conserved element by element onto 1, 2, 3 and 6 ranks from 4") {
+  check_conservation<Exchanger<Sparsifier<TopK<0.05>>>>(4, 3, [](auto&) {});
+  check_conservation<Exchanger<Fusion<2048>, Sparsifier<GTopK<0.05>>>>(4, 3, [](auto&) {});
+}
+
+TEST_CASE("reshard: CSC history is conserved; settings, selection and norms carry over") {
+  using E = Exchanger<Sparsifier<CSC<64, 20>>>;
+  auto configure = [](auto& ex) {
+    ex.sparsifier().set_warmup(1, 2);
+    ex.sparsifier().set_momentum(0.5f);
+  };
+  check_conservation<E>(4, 5, configure);
+  const auto files = saved_set<E>(4, 5, configure);
+  {
+    // rank 0's own load on a 4-rank job gives the reference selection and norms
+    std::vector<std::uint32_t> ref;
+    std::vector<float> ref_norms;
+    inproc::run(4, [&](inproc::transport& t) {
+      on_inproc<E> ex(t, rs_layout());
+      std::istringstream in(files[std::size_t(t.rank())], std::ios::binary);
+      ex.load_state(in);
+      if (t.rank() == 0) {
+        ref.assign(ex.sparsifier().upcoming_chunks().begin(), ex.sparsifier().upcoming_chunks().end());
+        ref_norms.assign(ex.sparsifier().norms().begin(), ex.sparsifier().norms().end());
+      }
+    });
+    inproc::run(3, [&](inproc::transport& t) {
+      on_inproc<E> ex(t, rs_layout());
+      streams s(files);
+      load_resharded(ex, s.span());
+      auto& sp = ex.sparsifier();
+      CHECK(sp.momentum() == 0.5f);
+      CHECK(sp.warmup_iterations() == 1);
+      CHECK(sp.ramp_iterations() == 2);
+      CHECK(std::vector<std::uint32_t>(sp.upcoming_chunks().begin(), sp.upcoming_chunks().end()) == ref);
+      CHECK(std::memcmp(sp.norms().data(), ref_norms.data(), ref_norms.size() * sizeof(float)) == 0);
+      CHECK(sp.upcoming_chunks().size() < sp.chunk_count());
+    });
+  }
+}
+
+TEST_CASE("reshard: after 4 -> 2, iterations with zero gradients apply exactly the pending update sum / P") {
+  using E = Exchanger<Sparsifier<TopK<0.25>>>;
+  const auto files = saved_set<E>(4, 3, [](auto&) {});
+  const auto before = sum_over_ranks(residuals_of_set<E>(files));
+  std::vector<double> applied(before.size(), 0.0);
+  std::vector<std::vector<float>> left(2);
+  inproc::run(2, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, rs_layout());
+    streams s(files);
+    load_resharded(ex, s.span());
+    for (int it = 0; it < 6; ++it) {
+      step(ex, t.rank(), 100 + it, /*zero=*/true);
+      if (t.rank() == 0)
+        for (std::size_t i = 0; i < applied.size(); ++i) applied[i] += ex.pool_data()[i];
+    }
+    left[std::size_t(t.rank())] = residual_of(ex);
+  });
+  const auto still = sum_over_ranks(left);
+  std::size_t bad = 0, moved = 0;
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    if (applied[i] != 0.0) ++moved;
+    if (applied[i] + still[i] / 2 != before[i] / 4) ++bad;  // what the old job would have applied, exactly
+  }
+  CHECK(moved > 0);
+  CHECK(bad == 0);
+}
+
+TEST_CASE("reshard: the tuner settles again after a change of size and keeps its state at the same size") {
+  using E = Exchanger<Fusion<Auto>, Sparsifier<TopK<0.05>>>;
+  const auto files = saved_set<E>(4, 40, [](auto&) {});
+  inproc::run(2, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, rs_layout());
+    streams s(files);
+    load_resharded(ex, s.span());
+    CHECK(ex.tuner().state() == detail::fusion_tuner::phase::probe);
+    CHECK(ex.tuner().iterations_in_phase() == 0);
+    CHECK(ex.tuner().fitted().alpha == 0.0);
+    CHECK(ex.tuner().fitted().beta == 0.0);
+  });
+}
+
+// ---- bad sets: a typed error, nothing applied ---------------------------------------------------
+
+namespace {
+template <class E, class Err>
+void check_refused(const std::vector<std::string>& files, const std::string& subject, int P2 = 2) {
+  inproc::run(P2, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, rs_layout());
+    step(ex, t.rank(), 0);
+    std::ostringstream before(std::ios::binary);
+    ex.save_state(before);
+    streams s(files);
+    bool thrown = false;
+    try {
+      load_resharded(ex, s.span());
+    } catch (const Err& e) {
+      thrown = true;
+      CHECK(e.subject() == subject);
+    }
+    CHECK(thrown);
+    std::ostringstream after(std::ios::binary);
+    ex.save_state(after);
+    CHECK(after.str() == before.str());  // unchanged, byte for byte
+  });
+}
+}  // namespace
+
+TEST_CASE("reshard: truncated, corrupt, mixed, missing, duplicate and foreign sets are refused before anything is applied") {
+  using E = Exchanger<Sparsifier<TopK<0.05>>>;
+  const auto files = saved_set<E>(3, 2, [](auto&) {});
+  const auto later = saved_set<E>(3, 3, [](auto&) {});
+  SUBCASE("truncated") {
+    auto f = files;
+    f[1].resize(f[1].size() / 2);
+    check_refused<E, parse_error>(f, "checkpoints");
+  }
+  SUBCASE("corrupt") {
+    auto f = files;
+    f[2][f[2].size() / 2] ^= 0x10;
+    check_refused<E, parse_error>(f, "checkpoints");
+  }
+  SUBCASE("mixed generations") {
+    auto f = files;
+    f[1] = later[1];
+    check_refused<E, mismatch_error>(f, "iteration");
+  }
+  SUBCASE("missing rank") {
+    check_refused<E, invalid_argument>({files[0], files[2]}, "checkpoints");
+  }
+  SUBCASE("duplicate rank") {
+    check_refused<E, invalid_argument>({files[0], files[1], files[1]}, "checkpoints");
+  }
+  SUBCASE("duplicate rank standing in for a missing one") {
+    check_refused<E, invalid_argument>({files[0], files[1], files[1], files[2]}, "checkpoints");
+  }
+  SUBCASE("no checkpoint") {
+    check_refused<E, invalid_argument>({}, "checkpoints");
+  }
+  SUBCASE("another composition") {
+    const auto csc = saved_set<Exchanger<Sparsifier<CSC<64, 20>>>>(3, 2, [](auto&) {});
+    check_refused<E, mismatch_error>(csc, "composition");
+  }
+  SUBCASE("shared state differs (R1)") {
+    const auto other = saved_set<E>(3, 2, [](auto& ex) { ex.sparsifier().set_schedule(plan::density_schedule::per_iteration({{1, 0.5}}, 0.05)); });
+    check_refused<E, mismatch_error>({files[0], other[1], files[2]}, "checkpoints");
+    streams s({files[0], other[1], files[2]});
+    std::ostringstream out;
+    try {
+      reshard_checkpoint(s.span(), 0, 2, out);
+      FAIL("no error");
+    } catch (const mismatch_error& e) {
+      CHECK(std::string(e.what()).find("the state every rank holds alike (section SPRS) differs between rank 0 and rank 1 at iteration 2.") !=
+            std::string::npos);
+      CHECK(std::string(e.what()).find("Fix: pass checkpoints saved by one job at one iteration, unmodified.") != std::string::npos);
+    }
+  }
+  SUBCASE("a set from two jobs") {
+    const auto two = saved_set<E>(2, 2, [](auto&) {});
+    check_refused<E, invalid_argument>({files[0], files[1], two[1]}, "checkpoints");
+  }
+}
+
+TEST_CASE("reshard: a bad new rank or size is refused") {
+  using E = Exchanger<Sparsifier<TopK<0.05>>>;
+  const auto files = saved_set<E>(2, 1, [](auto&) {});
+  streams s(files);
+  std::ostringstream out;
+  CHECK_THROWS_AS(reshard_checkpoint(s.span(), 2, 2, out), invalid_argument);
+  CHECK_THROWS_AS(reshard_checkpoint(s.span(), 0, 0, out), invalid_argument);
+  CHECK(out.str().empty());
+}
+
+// ---- files: atomic writes, the newest complete set, automatic re-sharding -----------------------
+
+TEST_CASE("reshard: save_checkpoint writes atomically; load_checkpoint takes the newest complete set and re-shards") {
+  using E = Exchanger<Sparsifier<TopK<0.05>>>;
+  const std::filesystem::path root = std::filesystem::temp_directory_path() / ("gflow_reshard_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  std::vector<std::vector<float>> old(4);
+  inproc::run(4, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, rs_layout());
+    for (int it = 0; it < 4; ++it) {
+      step(ex, t.rank(), it);
+      if (it % 2 == 1) (void)save_checkpoint(ex, root);
+    }
+    old[std::size_t(t.rank())] = residual_of(ex);
+  });
+  // A rank that died while writing the next set: only rank 0's file of iteration 6 exists.
+  std::filesystem::create_directories(checkpoint_set_dir(root, 6));
+  std::filesystem::copy_file(checkpoint_file(checkpoint_set_dir(root, 4), 0), checkpoint_file(checkpoint_set_dir(root, 6), 0));
+  std::size_t tmp = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root))
+    if (e.path().extension() == ".tmp") ++tmp;
+  CHECK(tmp == 0);
+  const auto set = newest_checkpoint_set(root);
+  REQUIRE(set.size() == 4);
+  CHECK(set[0].parent_path() == checkpoint_set_dir(root, 4));
+  std::vector<std::vector<float>> now(2);
+  inproc::run(2, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, rs_layout());
+    CHECK(load_checkpoint(ex, root) == 4);
+    now[std::size_t(t.rank())] = residual_of(ex);
+  });
+  const auto a = sum_over_ranks(old), b = sum_over_ranks(now);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (b[i] * 4 != a[i] * 2) ++bad;
+  CHECK(bad == 0);
+  inproc::run(4, [&](inproc::transport& t) {  // same size: each rank its own file, bitwise
+    on_inproc<E> ex(t, rs_layout());
+    CHECK(load_checkpoint(ex, root) == 4);
+    const auto r = residual_of(ex);
+    CHECK(std::memcmp(r.data(), old[std::size_t(t.rank())].data(), r.size() * sizeof(float)) == 0);
+  });
+  std::filesystem::remove_all(root);
+  inproc::run(1, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, rs_layout());
+    CHECK_THROWS_AS(load_checkpoint(ex, root), invalid_argument);
+  });
+}
+
+// ---- the gflow-reshard tool ----------------------------------------------------------------------
+
+#ifdef GFLOW_RESHARD_EXE
+TEST_CASE("reshard: gflow-reshard rewrites 4 files into 3 that load_state takes as load_resharded's; a bad set writes nothing") {
+  using E = Exchanger<Fusion<2048>, Sparsifier<GTopK<0.05>>>;
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("gflow_reshard_tool_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "in");
+  const auto files = saved_set<E>(4, 3, [](auto&) {});
+  std::string args;
+  for (int r = 3; r >= 0; --r) {  // any order
+    std::ofstream(checkpoint_file(dir / "in", r), std::ios::binary) << files[std::size_t(r)];
+    args += " " + checkpoint_file(dir / "in", r).string();
+  }
+  const std::string exe = GFLOW_RESHARD_EXE;
+  REQUIRE(std::system((exe + " --size 3 --out " + (dir / "out").string() + args + " > /dev/null").c_str()) == 0);
+  inproc::run(3, [&](inproc::transport& t) {
+    on_inproc<E> a(t, rs_layout()), b(t, rs_layout());
+    std::ifstream in(checkpoint_file(dir / "out", t.rank()), std::ios::binary);
+    a.load_state(in);
+    streams s(files);
+    load_resharded(b, s.span());
+    std::ostringstream sa(std::ios::binary), sb(std::ios::binary);
+    a.save_state(sa);
+    b.save_state(sb);
+    CHECK(sa.str() == sb.str());
+  });
+  CHECK_FALSE(fs::exists(checkpoint_file(dir / "out", 3)));
+  // Bad sets: exit status 1, the error printed, nothing written.
+  const std::string bad_out = (dir / "bad").string();
+  CHECK(std::system((exe + " --size 2 --out " + bad_out + " " + checkpoint_file(dir / "in", 0).string() + " " +
+                     checkpoint_file(dir / "in", 2).string() + " 2> " + (dir / "err.txt").string())
+                        .c_str()) == 256);
+  std::ifstream err(dir / "err.txt");
+  const std::string msg((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  CHECK(msg.find("is missing") != std::string::npos);
+  CHECK_FALSE(fs::exists(bad_out));
+  CHECK(std::system((exe + " --out " + bad_out + args + " 2> /dev/null").c_str()) == 512);  // usage: no --size
+  fs::remove_all(dir);
+}
+#endif
