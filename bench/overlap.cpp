@@ -2,6 +2,8 @@
 // against the exchange alone (how much of the exchange the backward hides); --learn-order also
 // each strategy with exchange_options::learn_order; --autotune the fixed-threshold sweep against
 // Fusion<Auto> (below).
+// layering: gflow::detail::fusion_tuner and fusion_plan: --autotune reports the tuner's phase, its
+// probes and the plans it chose from.
 #include "common.hpp"
 
 #include <algorithm>

@@ -1,9 +1,10 @@
 # layering.clients_use_facades: the code outside include/ that shows how gflow is used (bench/,
 # examples/) includes only what a user includes: the facades (layer "facade" of layers.txt) and
 # the other public headers (the "public" lines of layers.txt: the transports a composition binds
-# to, the errors). A file that needs more says why in a comment line
+# to, the errors), and names nothing in gflow::detail. A file that needs more says why in a
+# comment line
 #     // layering: <why this file needs internals>
-# and its includes are then accepted. Every file of DIRS except data (layouts) is at most
+# and its includes and names are then accepted. Every file of DIRS except data (layouts) is at most
 # MAX_LINES lines when MAX_LINES_DIRS names its directory.
 #   cmake -DROOT=<repo> -DLAYERS=<repo>/tests/layering/layers.txt -DDIRS=bench,examples
 #         [-DMAX_LINES=450 -DMAX_LINES_DIRS=bench] -P check_clients.cmake
@@ -48,6 +49,15 @@ foreach(dir IN LISTS DIRS)
       math(EXPR nreasons "${nreasons} + 1")
       continue()
     endif()
+    file(STRINGS "${ROOT}/${f}" internal REGEX "gflow::detail::")
+    foreach(line IN LISTS internal)
+      if(NOT line MATCHES "^[ \t]*//")
+        string(STRIP "${line}" line)
+        string(APPEND problems "  ${f} names gflow::detail (${line}): use the public names (engines/concepts.hpp, docs/GUIDE.md), "
+                               "or say why this file needs more in a line '// layering: <why>'\n")
+        break()
+      endif()
+    endforeach()
     file(STRINGS "${ROOT}/${f}" lines REGEX "^[ \t]*#[ \t]*include[ \t]*<gflow/")
     foreach(line IN LISTS lines)
       string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*<(gflow/[^>]+)>.*$" "\\1" h "${line}")
