@@ -5,8 +5,9 @@
 set -euo pipefail
 # libtorch-dev: libtorch 1.13's C++ API for the CNN trainer of examples/torch (optional to the
 # build: CMake skips that trainer when it is missing).
+# libfmt-dev: {fmt}, used header-only for the error texts (gflow::gflow requires it).
 # libclang-rt-14-dev: libFuzzer and the sanitizer runtimes for clang (only recommended by clang-14).
-pkgs=(cmake make g++ clang libclang-rt-14-dev libopenmpi-dev openmpi-bin doctest-dev libeigen3-dev zlib1g-dev dataset-fashion-mnist libtorch-dev)
+pkgs=(cmake make g++ clang libclang-rt-14-dev libfmt-dev libopenmpi-dev openmpi-bin doctest-dev libeigen3-dev zlib1g-dev dataset-fashion-mnist libtorch-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
