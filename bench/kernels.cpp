@@ -7,6 +7,7 @@
 // (memcpy, 4n bytes read + 4n written):
 //   vs_copy_bw    kernel GB/s / copy GB/s          (the issue-10 target for memory-bound kernels: >= 0.5)
 //   x_copy_time   kernel time / copy time          (the target for top-k selection: <= 2)
+// layering: kernels/ and plan/density.hpp: this suite times the host kernels themselves.
 #include "suites.hpp"
 
 #include <gflow/kernels/cast.hpp>

@@ -7,6 +7,8 @@
 // Bytes counted per kernel: each input read once and each output written once (the floor). Times
 // are medians of R runs timed with CUDA events, after a warm-up; inputs are random (never zeros),
 // and each kernel's output is checked against the host kernel on a sample before it is timed.
+// layering: cuda/ and kernels/: this benchmark times the CUDA kernels themselves and checks them
+// against the host kernels.
 #include <cuda_runtime.h>
 
 #include <gflow/cuda/cast.cuh>

@@ -7,6 +7,8 @@
 //   broadcast       gflow::broadcast_parameters of the whole vector (once per run at start)
 // 7 interleaved rounds of a few calls each; rank 0 prints the median over rounds (of the slowest
 // rank's mean per call) with the min and max. docs/BENCHMARKS.md quotes the figures.
+// layering: gflow::detail::replica_reader: the fingerprint pass is timed alone, apart from the
+// collective of verify_replicas.
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mpi.hpp>
 

@@ -1,5 +1,5 @@
 // A sparsifier gflow does not ship, written outside include/ against the documented extension point
-// (include/gflow/engines/concepts.hpp, gflow::detail::sparsifier_engine): random-k with residual
+// (include/gflow/engines/concepts.hpp, gflow::sparsifier_engine): random-k with residual
 // ("memory"). Every iteration each bucket exchanges the same k random positions on every rank (the
 // positions come from a seed, the iteration and the bucket, so no index travels); what is not sent
 // stays in the rank's residual and is added to the next iteration's gradient. Only k floats per
@@ -23,8 +23,8 @@
 #include <vector>
 
 // ---- the engine: what gflow calls (engines/concepts.hpp) ----------------------------------------
-// Ctx is gflow's exchange context (engines/context.hpp): the transport, the pool (grads), the
-// bucket plan, the iteration counter, mean_scale() (1/P when averaging).
+// Ctx is gflow's exchange context (gflow::exchange_context, engines/context.hpp): the transport, the
+// pool (grads), the bucket plan, the iteration counter, mean_scale() (1/P when averaging).
 template <class Ctx, double Density>
 class random_k_engine {
   static_assert(std::is_same_v<typename Ctx::transport_type::memory_space, gflow::host_memory>,
@@ -70,8 +70,8 @@ class random_k_engine {
   struct saved_state {
     std::vector<float> residual;
   };
-  void save_state(gflow::detail::checkpoint_writer& w) const { w.array(residual_.data(), residual_.size()); }
-  [[nodiscard]] saved_state read_state(gflow::detail::checkpoint_reader& r) const {
+  void save_state(gflow::checkpoint_writer& w) const { w.array(residual_.data(), residual_.size()); }
+  [[nodiscard]] saved_state read_state(gflow::checkpoint_reader& r) const {
     saved_state s;
     r.array_exact(s.residual, residual_.size(), "the random-k residual");
     return s;

@@ -8,8 +8,9 @@ set -euo pipefail
 # pybind11-dev, python3-dev, python3-torch, python3-numpy, python3-pytest: the Python front end
 # gflow.torch (python/) and its tests (optional to the build: CMake skips the module without them);
 # python3-mpi4py is not needed by gflow.torch (it initialises MPI itself) but coexists with it.
+# libfmt-dev: {fmt}, used header-only for the error texts (gflow::gflow requires it).
 # libclang-rt-14-dev: libFuzzer and the sanitizer runtimes for clang (only recommended by clang-14).
-pkgs=(cmake make g++ clang libclang-rt-14-dev libopenmpi-dev openmpi-bin doctest-dev libeigen3-dev zlib1g-dev dataset-fashion-mnist libtorch-dev
+pkgs=(cmake make g++ clang libclang-rt-14-dev libfmt-dev libopenmpi-dev openmpi-bin doctest-dev libeigen3-dev zlib1g-dev dataset-fashion-mnist libtorch-dev
       pybind11-dev python3-dev python3-torch python3-numpy python3-pytest)
 missing=()
 for p in "${pkgs[@]}"; do

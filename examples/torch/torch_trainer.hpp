@@ -15,10 +15,7 @@
 #include <span>
 
 #include <gflow/exchanger.hpp>
-#include <gflow/layout.hpp>
 #include <gflow/optim/loss_scale.hpp>
-#include <gflow/policies/csc.hpp>
-#include <gflow/policies/topk.hpp>
 #include <gflow/transport/mpi.hpp>
 
 #include "exchange_setup.hpp"

@@ -11,7 +11,6 @@
 #include <gflow/error.hpp>
 #include <gflow/exchanger.hpp>
 #include <gflow/optim/loss_scale.hpp>
-#include <gflow/plan/density.hpp>
 
 #include "trainer.hpp"
 

@@ -15,6 +15,8 @@
 
 #include <gflow/error.hpp>
 #include <gflow/optim/lars.hpp>
+// layering: plan/pool.hpp: the model's parameters are laid out in the exchanger's pool order
+// (plan::plan_pool), so the optimizers step on the exchanged pool in place, without the exchanger.
 #include <gflow/plan/pool.hpp>
 
 #include "trainer.hpp"

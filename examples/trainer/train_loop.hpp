@@ -13,12 +13,8 @@
 #include <vector>
 
 #include <gflow/exchanger.hpp>
-#include <gflow/timeline.hpp>
 #include <gflow/optim/loss_scale.hpp>
 #include <gflow/optim/momentum_sgd.hpp>
-#include <gflow/plan/density.hpp>
-#include <gflow/policies/csc.hpp>
-#include <gflow/policies/topk.hpp>
 #include <gflow/transport/mpi.hpp>
 
 #include "exchange_setup.hpp"

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+// layering: layout.hpp alone, not <gflow/exchanger.hpp>: the trainer's policy-independent library
+// (options, data, model, reports) needs gflow::Layout only; every trainer translation unit includes this header.
 #include <gflow/layout.hpp>
 #include <gflow/transport/mpi.hpp>
 

@@ -47,7 +47,7 @@ class elastic_averager {
       throw invalid_argument("weights", "elastic averaging needs at least one weight.", "pass the model's packed parameter buffer.");
     set_rho(rho);
     if (!(momentum >= 0.0f && momentum < 1.0f))
-      throw invalid_argument("momentum", "the EASGD momentum must lie in [0, 1) (got " + std::to_string(momentum) + ").",
+      throw invalid_argument("momentum", fmt::format("the EASGD momentum must lie in [0, 1) (got {:f}).", momentum),
                              "pass 0 for paper 004's equations 1-2 or e.g. 0.9 for MEASGD (equations 5-6).");
     momentum_ = momentum;
     t_->all_reduce(center_.data(), center_.size(), reduce_op::sum);
@@ -59,14 +59,14 @@ class elastic_averager {
   /// size given at construction). Updates w by (1) (or 5-6) and the center by (2).
   void step(std::span<float> w, std::span<const float> g, float lr) {
     if (w.size() != center_.size() || g.size() != center_.size())
-      throw invalid_argument("weights", "step() got " + std::to_string(w.size()) + " weights and " + std::to_string(g.size()) +
-                                            " gradients; the averager holds " + std::to_string(center_.size()) + ".",
+      throw invalid_argument("weights", fmt::format("step() got {} weights and {}"
+                                            " gradients; the averager holds {}.", w.size(), g.size(), center_.size()),
                              "pass the same packed buffers every iteration.");
     const float P = static_cast<float>(t_->size());
     if (!(std::isfinite(lr) && lr >= 0.0f) || lr * rho_ * P > 1.0f)
-      throw invalid_argument("learning_rate", "lr * rho * P = " + std::to_string(lr * rho_ * P) + " (lr " + std::to_string(lr) + ", rho " +
-                                                  std::to_string(rho_) + ", P " + std::to_string(t_->size()) +
-                                                  "): the center update (2) diverges above 1 (or lr is negative / not finite).",
+      throw invalid_argument("learning_rate", fmt::format("lr * rho * P = {:f} (lr {:f}, rho "
+                                                  "{:f}, P {}"
+                                                  "): the center update (2) diverges above 1 (or lr is negative / not finite).", lr * rho_ * P, lr, rho_, t_->size()),
                              "lower rho or the learning rate so that lr * rho * P <= 1 (e.g. rho = 0.9 / (lr * P)).");
     std::copy(w.begin(), w.end(), sum_.begin());
     t_->all_reduce(sum_.data(), sum_.size(), reduce_op::sum);  // all layers, one message
@@ -86,7 +86,7 @@ class elastic_averager {
 
   void set_rho(float rho) {
     if (!(std::isfinite(rho) && rho > 0.0f))
-      throw invalid_argument("rho", "the elastic coupling rho must be finite and positive (got " + std::to_string(rho) + ").",
+      throw invalid_argument("rho", fmt::format("the elastic coupling rho must be finite and positive (got {:f}).", rho),
                              "pass e.g. 0.9 / (lr * P), so that lr * rho * P = 0.9.");
     rho_ = rho;
   }

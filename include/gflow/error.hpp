@@ -7,6 +7,30 @@
 #include <string>
 #include <string_view>
 
+// {fmt} (Debian libfmt-dev), header-only: the headers that raise these errors build their texts
+// with fmt::format. CMake consumers get FMT_HEADER_ONLY from gflow::gflow (fmt::fmt-header-only);
+// the define covers a build that only passes -I include.
+// Under nvcc (checked with CUDA 13.0 and fmt 9.1) two of fmt's settings are changed:
+// - fmt turns constexpr off for __NVCC__ (FMT_USE_CONSTEXPR 0), and the host compiler then
+//   rejects the constexpr functions that call the no-longer-constexpr ones ("call to
+//   non-constexpr function fmt::v9::detail::ignore_unused"): constexpr is turned back on;
+// - nvcc's front end rejects fmt's consteval check of format strings ("call to consteval function
+//   ... did not produce a valid constant expression"): in CUDA translation units a format string
+//   is checked when it is formatted; the host compiler checks them all at compile time in the
+//   .cpp builds (every header is compiled by the host tests).
+#ifndef FMT_HEADER_ONLY
+#define FMT_HEADER_ONLY
+#endif
+#if defined(__CUDACC__)
+#ifndef FMT_USE_CONSTEXPR
+#define FMT_USE_CONSTEXPR 1
+#endif
+#ifndef FMT_CONSTEVAL
+#define FMT_CONSTEVAL
+#endif
+#endif
+#include <fmt/format.h>
+
 namespace gflow {
 
 enum class errc {

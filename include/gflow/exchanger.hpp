@@ -125,9 +125,9 @@ class basic_exchanger : private detail::iteration_state {
   void ready(std::size_t i, std::span<const float> source) {
     check_index(i, "ready");
     if (source.size() != layout_[i].numel)
-      throw invalid_argument("source", "ready(" + std::to_string(i) + ", source) got " + std::to_string(source.size()) +
-                                           " elements; tensor " + std::to_string(i) + " ('" + layout_[i].name + "') has " +
-                                           std::to_string(layout_[i].numel) + ".",
+      throw invalid_argument("source", fmt::format("ready({}, source) got {}"
+                                           " elements; tensor {} ('{}') has "
+                                           "{}.", i, source.size(), i, layout_[i].name, layout_[i].numel),
                              "pass a span of exactly the tensor's element count.");
     if (ready_[i] && no_sync_depth_ == 0) ready(i);  // reports the double ready before anything is overwritten
     kernels_.order_after_producer();  // device: the copy waits for the producer stream

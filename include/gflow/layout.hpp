@@ -32,7 +32,7 @@ class Layout {
     std::vector<tensor_desc> ts;
     ts.reserve(numels.size());
     for (std::size_t i = 0; i < numels.size(); ++i)
-      ts.push_back({"t" + std::to_string(i), {numels[i]}, numels[i]});
+      ts.push_back({fmt::format("t{}", i), {numels[i]}, numels[i]});
     return Layout(std::move(ts));
   }
   static Layout from_sizes(std::initializer_list<std::size_t> numels) {
@@ -57,7 +57,7 @@ class Layout {
         if (end == text.size()) break;
         continue;
       }
-      auto where = [&] { return std::string(source) + ":" + std::to_string(line_no); };
+      auto where = [&] { return fmt::format("{}:{}", source, line_no); };
       std::string_view cols[3];
       std::size_t ncol = 0;
       std::size_t c = 0;
@@ -69,7 +69,7 @@ class Layout {
         c = tab + 1;
       }
       if (ncol != 3)
-        throw parse_error(where(), "expected 3 tab-separated columns (name, shape, numel), found " + std::to_string(ncol) + ".",
+        throw parse_error(where(), fmt::format("expected 3 tab-separated columns (name, shape, numel), found {}.", ncol),
                           "write 'name<TAB>shape<TAB>numel', e.g. 'fc.weight\t10x784\t7840'.");
       tensor_desc t;
       t.name = std::string(cols[0]);
@@ -89,7 +89,7 @@ class Layout {
       }
       t.numel = parse_count(cols[2], where(), "numel");
       if (t.numel != prod)
-        throw parse_error(where(), "numel " + std::to_string(t.numel) + " does not match the shape's product " + std::to_string(prod) + ".",
+        throw parse_error(where(), fmt::format("numel {} does not match the shape's product {}.", t.numel, prod),
                           "make column 3 the product of the dimensions in column 2.");
       ts.push_back(std::move(t));
       if (end == text.size()) break;
@@ -138,11 +138,11 @@ class Layout {
     std::size_t total = 0;
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       if (tensors_[i].numel == 0)
-        throw invalid_argument("layout", "tensor " + std::to_string(i) + " ('" + tensors_[i].name + "') has zero elements.",
+        throw invalid_argument("layout", fmt::format("tensor {} ('{}') has zero elements.", i, tensors_[i].name),
                                "leave tensors without gradients out of the layout.");
       if (tensors_[i].numel > max_pool - total)
-        throw invalid_argument("layout", "tensor " + std::to_string(i) + " ('" + tensors_[i].name + "') brings the pool to more than " +
-                                             std::to_string(max_pool) + " elements, more floats than one array can hold.",
+        throw invalid_argument("layout", fmt::format("tensor {} ('{}') brings the pool to more than "
+                                             "{} elements, more floats than one array can hold.", i, tensors_[i].name, max_pool),
                                "describe the tensors of one model (check the numel column for a typo).");
       total += tensors_[i].numel;
     }

@@ -63,7 +63,7 @@ struct replica_reader<host_memory> {
   }
 };
 
-inline std::string raised_on(int rank, int P) { return " Raised on rank " + std::to_string(rank) + " of " + std::to_string(P) + "."; }
+inline std::string raised_on(int rank, int P) { return fmt::format(" Raised on rank {} of {}.", rank, P); }
 
 /// The message for tensor i whose fingerprints differ across ranks: which ranks differ from
 /// rank 0, and from the majority (a bit pattern more than half the ranks hold) if there is one.
@@ -83,12 +83,12 @@ inline std::string replica_difference(const std::vector<std::uint64_t>& fp, std:
     if (majority < 0 && 2 * same > P) majority = r;
   }
   std::string s = "ranks that differ from rank 0 there: " + rank_list(from_zero) + "; ";
-  if (majority < 0) return s + "no bit pattern is held by a majority (" + std::to_string(distinct) + " different ones among " + std::to_string(P) + " ranks).";
+  if (majority < 0) return fmt::format("{}no bit pattern is held by a majority ({} different ones among {} ranks).", s, distinct, P);
   for (int r = 0; r < P; ++r)
     if (at(r) != at(majority)) from_majority.push_back(r);
   const std::size_t held = static_cast<std::size_t>(P) - from_majority.size();
-  return s + "ranks that differ from the majority (" + std::to_string(held) + " of " + std::to_string(P) + " ranks, rank 0 " +
-         (at(0) == at(majority) ? "among them" : "not among them") + "): " + rank_list(from_majority) + ".";
+  return fmt::format("{}ranks that differ from the majority ({} of {} ranks, rank 0 "
+         "{}): {}.", s, held, P, (at(0) == at(majority) ? "among them" : "not among them"), rank_list(from_majority));
 }
 
 /// verify_replicas' body, for a memory space `reader` can read (replicas.hpp's header comment).
@@ -99,9 +99,9 @@ void check_replicas(T& t, std::span<const float> values, const Layout& layout) {
   const std::uint64_t total = layout.total_numel();
   auto bad_size = [&](int r, std::uint64_t got, std::uint64_t want, std::uint64_t tensors, const std::string& also) {
     return invalid_argument("values",
-                            "verify_replicas: rank " + std::to_string(r) + " passed " + std::to_string(got) + " values; its layout holds " +
-                                std::to_string(want) + " elements in " + std::to_string(tensors) + " tensors" + also + "." +
-                                detail::raised_on(t.rank(), P),
+                            fmt::format("verify_replicas: rank {} passed {} values; its layout holds "
+                                "{} elements in {} tensors{}."
+                                "{}", r, got, want, tensors, also, detail::raised_on(t.rank(), P)),
                             "pass the span of all the parameters and buffers the layout describes, layout.total_numel() floats in "
                             "the layout's order.");
   };
@@ -136,10 +136,10 @@ void check_replicas(T& t, std::span<const float> values, const Layout& layout) {
   }
   if (!other_layout.empty())
     throw mismatch_error("layout",
-                         "verify_replicas: the ranks pass different layouts (layout fingerprint of names, shapes and order; " +
-                             std::to_string(at(0, k_count)) + " tensors on rank 0, " + std::to_string(at(other_layout[0], k_count)) +
-                             " on rank " + std::to_string(other_layout[0]) + "); ranks whose layout differs from rank 0's: " +
-                             detail::rank_list(other_layout) + "." + detail::raised_on(t.rank(), P),
+                         fmt::format("verify_replicas: the ranks pass different layouts (layout fingerprint of names, shapes and order; "
+                             "{} tensors on rank 0, {}"
+                             " on rank {}); ranks whose layout differs from rank 0's: "
+                             "{}.{}", at(0, k_count), at(other_layout[0], k_count), other_layout[0], detail::rank_list(other_layout), detail::raised_on(t.rank(), P)),
                          "pass the same Layout on every rank (the one the exchanger was built with, or one of the parameters and buffers).");
   if (other_digest.empty()) return;
 
@@ -166,9 +166,9 @@ void check_replicas(T& t, std::span<const float> values, const Layout& layout) {
     // Unreachable (the digest is a function of the fingerprints); kept so that every rank raises.
     what += " (digests only; ranks whose digest differs from rank 0's: " + detail::rank_list(other_digest) + ").";
   } else {
-    what += " in " + std::to_string(differing) + " of " + std::to_string(n) + " tensors. The first is tensor " + std::to_string(first) +
-            " (layout index) " + detail::describe_tensor(layout, first) + ": " + detail::replica_difference(fps, n, first, P) +
-            " Ranks whose values differ from rank 0's in any tensor: " + detail::rank_list(anywhere) + ".";
+    what += fmt::format(" in {} of {} tensors. The first is tensor {}"
+            " (layout index) {}: {}"
+            " Ranks whose values differ from rank 0's in any tensor: {}.", differing, n, first, detail::describe_tensor(layout, first), detail::replica_difference(fps, n, first, P), detail::rank_list(anywhere));
   }
   throw mismatch_error("values", what + detail::raised_on(t.rank(), P),
                        "start every rank from the same values (gflow::broadcast_parameters from one rank, parameters and buffers) and "
@@ -185,8 +185,8 @@ template <transport T>
 void broadcast_parameters(T& t, std::span<float> values, int root = 0) {
   const int P = t.size();
   auto bad_root = [&](int r) {
-    return invalid_argument("root", "broadcast_parameters: root " + std::to_string(r) + " is outside the group of " + std::to_string(P) + " ranks.",
-                            "pass the rank whose values every rank takes, in [0, " + std::to_string(P) + "); usually 0.");
+    return invalid_argument("root", fmt::format("broadcast_parameters: root {} is outside the group of {} ranks.", r, P),
+                            fmt::format("pass the rank whose values every rank takes, in [0, {}); usually 0.", P));
   };
   if (P <= 1) {
     if (root != 0) throw bad_root(root);
@@ -205,19 +205,19 @@ void broadcast_parameters(T& t, std::span<float> values, int root = 0) {
     if (root_of(r) != root_of(0)) other_root.push_back(r);
   if (!other_root.empty())
     throw mismatch_error("root",
-                         "broadcast_parameters: the ranks name different roots: rank 0 names " + std::to_string(root_of(0)) + ", rank " +
-                             std::to_string(other_root[0]) + " names " + std::to_string(root_of(other_root[0])) +
-                             "; ranks whose root differs from rank 0's: " + detail::rank_list(other_root) + "." + detail::raised_on(t.rank(), P),
+                         fmt::format("broadcast_parameters: the ranks name different roots: rank 0 names {}, rank "
+                             "{} names {}"
+                             "; ranks whose root differs from rank 0's: {}.{}", root_of(0), other_root[0], root_of(other_root[0]), detail::rank_list(other_root), detail::raised_on(t.rank(), P)),
                          "pass the same root on every rank.");
   const int rt = root_of(0);
   for (int r = 0; r < P; ++r)
     if (count(r) != count(rt)) other_count.push_back(r);
   if (!other_count.empty())
     throw mismatch_error("values",
-                         "broadcast_parameters: the ranks pass different element counts: the root, rank " + std::to_string(rt) + ", passes " +
-                             std::to_string(count(rt)) + ", rank " + std::to_string(other_count[0]) + " passes " +
-                             std::to_string(count(other_count[0])) + "; ranks whose count differs from the root's: " +
-                             detail::rank_list(other_count) + "." + detail::raised_on(t.rank(), P),
+                         fmt::format("broadcast_parameters: the ranks pass different element counts: the root, rank {}, passes "
+                             "{}, rank {} passes "
+                             "{}; ranks whose count differs from the root's: "
+                             "{}.{}", rt, count(rt), other_count[0], count(other_count[0]), detail::rank_list(other_count), detail::raised_on(t.rank(), P)),
                          "pass the same parameter vector (the same model, all its parameters and buffers) on every rank.");
   if (!values.empty()) t.broadcast(values.data(), values.size(), rt);
 }

@@ -83,7 +83,7 @@ inline void write_file_atomically(const std::filesystem::path& file, const std::
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     out.close();
     if (!out)
-      throw invalid_argument("file", "writing the checkpoint to '" + tmp.string() + "' failed (" + std::to_string(bytes.size()) + " bytes).",
+      throw invalid_argument("file", fmt::format("writing the checkpoint to '{}' failed ({} bytes).", tmp.string(), bytes.size()),
                              "check the directory exists, is writable and has space.");
   }
   std::error_code ec;
@@ -95,13 +95,11 @@ inline void write_file_atomically(const std::filesystem::path& file, const std::
 
 /// The file of `rank` in a checkpoint set directory.
 inline std::filesystem::path checkpoint_file(const std::filesystem::path& set_dir, int rank) {
-  return set_dir / ("rank-" + std::to_string(rank) + ".gflow");
+  return set_dir / fmt::format("rank-{}.gflow", rank);
 }
 /// The set directory of the checkpoint saved after `iteration` iterations under `root`.
 inline std::filesystem::path checkpoint_set_dir(const std::filesystem::path& root, std::uint64_t iteration) {
-  std::string n = std::to_string(iteration);
-  n.insert(0, n.size() < 12 ? 12 - n.size() : 0, '0');  // sorts by name
-  return root / ("iter-" + n);
+  return root / fmt::format("iter-{:012}", iteration);  // zero-padded: sorts by name
 }
 
 /// Saves this rank's state (save_state) to checkpoint_file(checkpoint_set_dir(root, iteration), rank),

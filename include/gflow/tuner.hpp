@@ -117,9 +117,9 @@ class fusion_tuner {
   fusion_plan step(T& t, const tuner_sample& mine, std::size_t bucket_count) {
     const std::size_t n = layout_->size();
     if (mine.ready_s.size() != n || mine.bucket_s.size() != bucket_count)
-      throw invalid_argument("sample", "the tuner got " + std::to_string(mine.ready_s.size()) + " ready times and " +
-                                           std::to_string(mine.bucket_s.size()) + " bucket times; the plan has " + std::to_string(n) +
-                                           " tensors and " + std::to_string(bucket_count) + " buckets.",
+      throw invalid_argument("sample", fmt::format("the tuner got {} ready times and "
+                                           "{} bucket times; the plan has {}"
+                                           " tensors and {} buckets.", mine.ready_s.size(), mine.bucket_s.size(), n, bucket_count),
                              "pass one ready time per tensor and one time per bucket of the plan in use.");
     if (phase_ == phase::settled) {
       // Settled: no collective until a window is full. Each rank keeps its own window; at its end
@@ -331,7 +331,7 @@ class fusion_tuner {
     s.current.first = static_cast<std::size_t>(r.u64("tuner first bucket"));
     s.current.hybrid_switch = static_cast<std::size_t>(r.u64("tuner hybrid switch"));
     const std::uint32_t ph = r.u32("tuner phase");
-    if (ph > 2) throw parse_error("tuner phase", "the checkpoint's tuner phase is " + std::to_string(ph) + " (0-2 expected).", "load an unmodified checkpoint.");
+    if (ph > 2) throw parse_error("tuner phase", fmt::format("the checkpoint's tuner phase is {} (0-2 expected).", ph), "load an unmodified checkpoint.");
     s.ph = static_cast<phase>(ph);
     s.probe_index = r.u64("tuner probe");
     s.best_probe.threshold = static_cast<std::size_t>(r.u64("tuner best probe"));

@@ -68,7 +68,7 @@ class device_guard {
     check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
     if (device != prev_) {
       const cudaError_t e = cudaSetDevice(device);
-      if (e != cudaSuccess) check_cuda(e, "cudaSetDevice(" + std::to_string(device) + ")");
+      if (e != cudaSuccess) check_cuda(e, fmt::format("cudaSetDevice({})", device));
       switched_ = true;
     }
   }

@@ -52,6 +52,7 @@
 #include "sparse_chunks.cuh"
 #include "topk.cuh"
 #include "topk_engine.cuh"
+#include "../error.hpp"
 
 namespace gflow::detail {
 
@@ -66,7 +67,7 @@ class device_buffer {
     if (n == 0) return;
     const std::size_t bytes = n * sizeof(E);
     void* p = nullptr;
-    cuda::check_cuda(cudaMalloc(&p, bytes), "cudaMalloc of a " + std::to_string(bytes) + "-byte gflow device buffer");
+    cuda::check_cuda(cudaMalloc(&p, bytes), fmt::format("cudaMalloc of a {}-byte gflow device buffer", bytes));
     p_.reset(static_cast<E*>(p));
     // Zero-fill and wait, so the buffer is zero for every stream of the device.
     cuda::check_cuda(cudaMemsetAsync(p, 0, bytes, 0), "cudaMemsetAsync of a gflow device buffer");

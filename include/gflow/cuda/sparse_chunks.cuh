@@ -338,7 +338,7 @@ class chunk_selector {
   explicit chunk_selector(std::size_t max_chunks) : max_(max_chunks) {
     // CUB's radix sort and scan take an int item count.
     if (max_chunks == 0 || max_chunks > 0x7fffffffull)
-      throw invalid_argument("max_chunks", "a chunk selector needs between 1 and 2^31 - 1 chunks (got " + std::to_string(max_chunks) + ").",
+      throw invalid_argument("max_chunks", fmt::format("a chunk selector needs between 1 and 2^31 - 1 chunks (got {}).", max_chunks),
                              "pass the exchanger's chunk count; for more chunks, use a larger chunk size.");
     const int items = static_cast<int>(max_chunks);
     std::size_t sort_bytes = 0, scan_bytes = 0;
@@ -360,7 +360,7 @@ class chunk_selector {
   /// ascending; out[k, chunks): the others, ascending. norms and out are device arrays.
   void select(const float* norms, std::size_t chunks, std::size_t k, std::uint32_t* out, cudaStream_t stream) {
     if (chunks > max_)
-      throw invalid_argument("chunks", "selecting among " + std::to_string(chunks) + " chunks with a selector built for " + std::to_string(max_) + ".",
+      throw invalid_argument("chunks", fmt::format("selecting among {} chunks with a selector built for {}.", chunks, max_),
                              "build the chunk_selector with the largest chunk count you select from.");
     if (k > chunks) k = chunks;
     if (chunks == 0) return;

@@ -119,8 +119,8 @@ class topk_merger {
   void merge(const I* ai, const W* av, std::size_t na, const I* bi, const W* bv, std::size_t nb, std::size_t k, I* out_idx, W* out_val,
              I* rec_idx, float* rec_val, unsigned* d_counts, cudaStream_t stream) {
     if (na > k || nb > k || k > k_max_)
-      throw invalid_argument("k", "topk_merger sized for k <= " + std::to_string(k_max_) + " got lists of " + std::to_string(na) + " and " +
-                                      std::to_string(nb) + " entries for k = " + std::to_string(k) + ".",
+      throw invalid_argument("k", fmt::format("topk_merger sized for k <= {} got lists of {} and "
+                                      "{} entries for k = {}.", k_max_, na, nb, k),
                              "pass lists of at most k entries and k within the merger's capacity.");
     using namespace topk_detail;
     const std::size_t m = na + nb;

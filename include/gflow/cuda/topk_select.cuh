@@ -235,7 +235,7 @@ class topk_selector {
  public:
   explicit topk_selector(std::size_t max_n) : max_n_(max_n) {
     if (max_n > std::numeric_limits<unsigned>::max())
-      throw invalid_argument("max_n", "a device top-k selection handles at most 2^32 - 1 elements (got " + std::to_string(max_n) + ").",
+      throw invalid_argument("max_n", fmt::format("a device top-k selection handles at most 2^32 - 1 elements (got {}).", max_n),
                              "select over smaller units (Fusion buckets).");
     state_ = device_array<topk_detail::select_state>(1, "cudaMalloc of the top-k selection state");
     hist_ = device_array<unsigned>(4096, "cudaMalloc of the top-k histogram");
@@ -298,7 +298,7 @@ class topk_selector {
 
   void check_n(std::size_t n) const {
     if (n > max_n_)
-      throw invalid_argument("n", "this topk_selector was sized for " + std::to_string(max_n_) + " elements; select() got " + std::to_string(n) + ".",
+      throw invalid_argument("n", fmt::format("this topk_selector was sized for {} elements; select() got {}.", max_n_, n),
                              "build the selector with the largest unit it will see.");
   }
 

@@ -172,3 +172,24 @@ template <class E>
 concept independent_buckets_engine = requires { requires E::independent_buckets; };
 
 }  // namespace gflow::detail
+
+// ---- the extension point: the public names of the contracts above --------------------------------
+// A user's own policy (docs/GUIDE.md, "Writing your own policy"; examples/01_custom_sparsifier.cpp)
+// is written against these; the exchanger requires the same concepts under their detail names.
+namespace gflow {
+template <class E, class Ctx>
+concept sparsifier_engine = detail::sparsifier_engine<E, Ctx>;
+template <class E, class T, class W = float>
+concept topology_engine = detail::topology_engine<E, T, W>;
+template <class E>
+concept checkpointed = detail::checkpointed<E>;
+template <class E>
+concept counts_collectives = detail::counts_collectives<E>;
+template <class E>
+concept phased_engine = detail::phased_engine<E>;
+template <class E>
+concept independent_buckets_engine = detail::independent_buckets_engine<E>;
+/// What save_state writes to and read_state reads from (support/checkpoint.hpp).
+using checkpoint_writer = detail::checkpoint_writer;
+using checkpoint_reader = detail::checkpoint_reader;
+}  // namespace gflow

@@ -118,3 +118,9 @@ struct exchange_context {
 };
 
 }  // namespace gflow::detail
+
+namespace gflow {
+/// The exchange context a sparsifier engine is built over (its Ctx; engines/concepts.hpp).
+template <class T, class Backend, class W, class Topo>
+using exchange_context = detail::exchange_context<T, Backend, W, Topo>;
+}  // namespace gflow

@@ -85,7 +85,7 @@ class csc_engine {
   /// fusion threshold is reached (every bucket without Fusion).
   void exchange(std::size_t b) {
     if (b != next_bucket_)
-      throw usage_error("exchange", "CSC got bucket " + std::to_string(b) + " where bucket " + std::to_string(next_bucket_) + " was next.",
+      throw usage_error("exchange", fmt::format("CSC got bucket {} where bucket {} was next.", b, next_bucket_),
                         "exchange buckets once each, in pool order (the Exchanger does).");
     ++next_bucket_;
     const auto [lo, hi] = ranges_[b];
@@ -114,8 +114,8 @@ class csc_engine {
   /// norms and select the chunks of the next iteration.
   void end_iteration() {
     if (next_bucket_ != ranges_.size())
-      throw usage_error("end_iteration", "CSC reached the end of the iteration after " + std::to_string(next_bucket_) + " of " +
-                                             std::to_string(ranges_.size()) + " buckets.",
+      throw usage_error("end_iteration", fmt::format("CSC reached the end of the iteration after {} of "
+                                             "{} buckets.", next_bucket_, ranges_.size()),
                         "exchange every bucket before ending the iteration (the Exchanger does).");
     if (pending_ != 0) flush();
     const std::size_t nc = geo_.count();
@@ -186,7 +186,7 @@ class csc_engine {
   void set_momentum(float m) {
     in_iteration_check("set_momentum");
     if (!(m >= 0.0f && m <= 1.0f))  // also rejects NaN
-      throw invalid_argument("momentum", "the CSC momentum must lie in [0, 1] (got " + std::to_string(m) + ").",
+      throw invalid_argument("momentum", fmt::format("the CSC momentum must lie in [0, 1] (got {:f}).", m),
                              "pass the optimizer's momentum, e.g. 0.9; 1 keeps kept-back gradients whole.");
     momentum_ = m;
   }
@@ -194,8 +194,8 @@ class csc_engine {
   void set_warmup(std::uint64_t warmup, std::uint64_t ramp) {
     in_iteration_check("set_warmup");
     if (ramp > plan::csc_schedule::max_ramp)
-      throw invalid_argument("ramp", "the CSC ramp of " + std::to_string(ramp) + " iterations is longer than supported (" +
-                                         std::to_string(plan::csc_schedule::max_ramp) + ").",
+      throw invalid_argument("ramp", fmt::format("the CSC ramp of {} iterations is longer than supported ("
+                                         "{}).", ramp, plan::csc_schedule::max_ramp),
                              "pass a ramp of at most 2^32 iterations.");
     warmup_ = warmup;
     ramp_ = ramp;
@@ -204,7 +204,7 @@ class csc_engine {
   void set_percent(unsigned p) {
     in_iteration_check("set_percent");
     if (p == 0 || p > 100)
-      throw invalid_argument("percent", "the percent of CSC chunks exchanged must lie in (0, 100] (got " + std::to_string(p) + ").",
+      throw invalid_argument("percent", fmt::format("the percent of CSC chunks exchanged must lie in (0, 100] (got {}).", p),
                              "pass e.g. 15; 100 exchanges every chunk.");
     percent_ = p;
   }
@@ -243,20 +243,20 @@ class csc_engine {
     const std::size_t nc = geo_.count();
     saved_state s;
     s.momentum = r.f32("momentum");
-    if (!(s.momentum >= 0.0f && s.momentum <= 1.0f)) r.fail("momentum", "the checkpoint's CSC momentum " + std::to_string(s.momentum) + " is outside [0, 1].");
+    if (!(s.momentum >= 0.0f && s.momentum <= 1.0f)) r.fail("momentum", fmt::format("the checkpoint's CSC momentum {:f} is outside [0, 1].", s.momentum));
     s.warmup = r.u64("warmup");
     s.ramp = r.u64("ramp");
-    if (s.ramp > plan::csc_schedule::max_ramp) r.fail("ramp", "the checkpoint's CSC ramp of " + std::to_string(s.ramp) + " iterations is out of range.");
+    if (s.ramp > plan::csc_schedule::max_ramp) r.fail("ramp", fmt::format("the checkpoint's CSC ramp of {} iterations is out of range.", s.ramp));
     s.percent = r.u32("percent");
-    if (s.percent == 0 || s.percent > 100) r.fail("percent", "the checkpoint's CSC percent " + std::to_string(s.percent) + " is outside (0, 100].");
+    if (s.percent == 0 || s.percent > 100) r.fail("percent", fmt::format("the checkpoint's CSC percent {} is outside (0, 100].", s.percent));
     s.ncur = static_cast<std::size_t>(r.u64("the selection size"));
     if (s.ncur == 0 || s.ncur > nc)
-      r.fail("selection", "the checkpoint selects " + std::to_string(s.ncur) + " chunks of " + std::to_string(nc) + " (at least 1 is always selected).");
+      r.fail("selection", fmt::format("the checkpoint selects {} chunks of {} (at least 1 is always selected).", s.ncur, nc));
     r.array_exact(s.cur, nc, "the selection");
     check_partition(r, s.cur, s.ncur, "selection");
     s.nlast = static_cast<std::size_t>(r.u64("the last selection size"));
     if (s.nlast > nc)
-      r.fail("selected_chunks", "the checkpoint's last selection holds " + std::to_string(s.nlast) + " chunks of " + std::to_string(nc) + ".");
+      r.fail("selected_chunks", fmt::format("the checkpoint's last selection holds {} chunks of {}.", s.nlast, nc));
     r.array_exact(s.last, s.nlast, "the last selection");
     // Complete it into a partition (the same shape as the engine's lists), then validate.
     std::vector<std::uint8_t> in(nc, 0);
@@ -297,8 +297,8 @@ class csc_engine {
     for (std::size_t j = 0; j < list.size(); ++j) {
       const std::uint32_t c = list[j];
       if (c >= nc || seen[c] || (j != 0 && j != n && c <= list[j - 1]))
-        r.fail(what, std::string("the checkpoint's chunk list '") + what + "' is not a partition of the " + std::to_string(nc) +
-                         " chunks into two ascending runs (entry " + std::to_string(j) + " is chunk " + std::to_string(c) + ").");
+        r.fail(what, fmt::format("the checkpoint's chunk list '{}' is not a partition of the {}"
+                         " chunks into two ascending runs (entry {} is chunk {}).", what, nc, j, c));
       seen[c] = 1;
     }
   }
@@ -313,7 +313,7 @@ class csc_engine {
 
   void in_iteration_check(const char* what) const {
     if (next_bucket_ != 0)
-      throw usage_error(what, "called in the middle of an iteration (after " + std::to_string(next_bucket_) + " buckets were exchanged).",
+      throw usage_error(what, fmt::format("called in the middle of an iteration (after {} buckets were exchanged).", next_bucket_),
                         "change CSC settings between finish() and the next ready().");
   }
 

@@ -124,10 +124,10 @@ class hierarchical_engine {
   }
   void check_sub(const char* which, const T& sub, int size, int rank) const {
     if (sub.size() == size && sub.rank() == rank) return;
-    throw transport_error("split", std::string("Hierarchical: the ") + which + " sub-group of rank " + std::to_string(world_->rank()) + " of " +
-                                       std::to_string(world_->size()) + " has " + std::to_string(sub.size()) + " ranks with this rank at " +
-                                       std::to_string(sub.rank()) + "; the group plan expects " + std::to_string(size) + " ranks with it at " +
-                                       std::to_string(rank) + ".",
+    throw transport_error("split", fmt::format("Hierarchical: the {} sub-group of rank {} of "
+                                       "{} has {} ranks with this rank at "
+                                       "{}; the group plan expects {} ranks with it at "
+                                       "{}.", which, world_->rank(), world_->size(), sub.size(), sub.rank(), size, rank),
                           "the transport's split(color, key) must put the ranks of one colour together, ordered by key "
                           "(a gflow::mock::transport needs a split rule: mock::log::split_rule).");
   }

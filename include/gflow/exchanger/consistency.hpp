@@ -84,18 +84,18 @@ struct consistency_options {
 };
 
 inline std::string describe_tensor(const Layout& l, std::size_t i) {
-  if (i >= l.size()) return "no tensor " + std::to_string(i) + " (its layout has " + std::to_string(l.size()) + " tensors)";
+  if (i >= l.size()) return fmt::format("no tensor {} (its layout has {} tensors)", i, l.size());
   const tensor_desc& t = l[i];
   std::string shape;
-  for (std::size_t d : t.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
-  return "'" + t.name + "' [" + shape + "] (" + std::to_string(t.numel) + " elements)";
+  for (std::size_t d : t.shape) shape += fmt::format("{}{}", (shape.empty() ? "" : "x"), d);
+  return fmt::format("'{}' [{}] ({} elements)", t.name, shape, t.numel);
 }
 
 inline std::string rank_list(const std::vector<int>& ranks) {
   constexpr std::size_t shown = 16;  // a 1000-rank job should not print 1000 numbers
   std::string s;
-  for (std::size_t i = 0; i < ranks.size() && i < shown; ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  if (ranks.size() > shown) s += " and " + std::to_string(ranks.size() - shown) + " more";
+  for (std::size_t i = 0; i < ranks.size() && i < shown; ++i) s += fmt::format("{}{}", (i ? ", " : ""), ranks[i]);
+  if (ranks.size() > shown) s += fmt::format(" and {} more", ranks.size() - shown);
   return s;
 }
 
@@ -128,20 +128,20 @@ void verify_consistency(T& t, const Layout& layout, const std::string& compositi
     const std::vector<std::string> names = gather_strings(t, composition);
     const int d = comp_differs.front();
     subject = "policies";
-    what += "the policy compositions differ: rank 0 uses <" + names[0] + ">, rank " + std::to_string(d) + " uses <" +
-            names[static_cast<std::size_t>(d)] + ">; ranks whose composition differs from rank 0's: " + rank_list(comp_differs) + ". ";
+    what += fmt::format("the policy compositions differ: rank 0 uses <{}>, rank {} uses <"
+            "{}>; ranks whose composition differs from rank 0's: {}. ", names[0], d, names[static_cast<std::size_t>(d)], rank_list(comp_differs));
   }
   if (!opt_differs.empty()) {
     auto opts = [&](int r) {
       const std::uint64_t f = at(r, k_average);
       auto b = [&](std::uint64_t bit) { return (f & bit) ? "true" : "false"; };
-      return "threshold_bytes " + std::to_string(at(r, k_threshold)) + ", first_bucket_bytes " + std::to_string(at(r, k_first)) +
-             ", average " + b(1) + ", find_unused " + b(2) + ", learn_order " + b(4) + ", uneven_inputs " + b(8);
+      return fmt::format("threshold_bytes {}, first_bucket_bytes {}"
+             ", average {}, find_unused {}, learn_order {}, uneven_inputs {}", at(r, k_threshold), at(r, k_first), b(1), b(2), b(4), b(8));
     };
     const int d = opt_differs.front();
     if (subject.empty()) subject = "exchange_options";
-    what += "the exchange options differ: rank 0 has " + opts(0) + ", rank " + std::to_string(d) + " has " + opts(d) +
-            "; ranks whose options differ from rank 0's: " + rank_list(opt_differs) + ". ";
+    what += fmt::format("the exchange options differ: rank 0 has {}, rank {} has {}"
+            "; ranks whose options differ from rank 0's: {}. ", opts(0), d, opts(d), rank_list(opt_differs));
   }
   if (!layout_differs.empty()) {
     // Rank 0's per-tensor fingerprints, so each rank finds its first differing tensor.
@@ -170,13 +170,13 @@ void verify_consistency(T& t, const Layout& layout, const std::string& compositi
     if (d >= 0) {
       const auto i = static_cast<std::size_t>(firsts[static_cast<std::size_t>(d)]);
       const std::vector<std::string> desc = gather_strings(t, describe_tensor(layout, i));
-      what += " (" + std::to_string(at(0, k_count)) + " tensors on rank 0, " + std::to_string(at(d, k_count)) + " on rank " +
-              std::to_string(d) + "); the first difference is tensor " + std::to_string(i) + " (layout index, forward order): rank 0 has " +
-              desc[0] + ", rank " + std::to_string(d) + " has " + desc[static_cast<std::size_t>(d)];
+      what += fmt::format(" ({} tensors on rank 0, {} on rank "
+              "{}); the first difference is tensor {} (layout index, forward order): rank 0 has "
+              "{}, rank {} has {}", at(0, k_count), at(d, k_count), d, i, desc[0], d, desc[static_cast<std::size_t>(d)]);
     }
     what += "; ranks whose layout differs from rank 0's: " + rank_list(layout_differs) + ". ";
   }
-  what += "Raised on rank " + std::to_string(t.rank()) + " of " + std::to_string(P) + ".";
+  what += fmt::format("Raised on rank {} of {}.", t.rank(), P);
   throw mismatch_error(subject, what,
                        "construct the exchanger with the same Layout (names, shapes, order), the same Exchanger<...> policies and the "
                        "same exchange_options on every rank.");

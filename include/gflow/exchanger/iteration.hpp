@@ -109,12 +109,12 @@ class iteration_state {
   saved_order read_order(checkpoint_reader& r) const {
     saved_order s;
     s.state = r.u64("learn_order");
-    if (s.state > 2) r.fail("learn_order", "the learn_order state is " + std::to_string(s.state) + "; 0, 1 or 2 were written.");
+    if (s.state > 2) r.fail("learn_order", fmt::format("the learn_order state is {}; 0, 1 or 2 were written.", s.state));
     if (s.state != 2) return s;
     std::vector<bool> seen(ready_.size(), false);
     for (std::size_t pos = 0; pos < ready_.size(); ++pos) {
       const std::uint64_t i = r.u64("the learned order");
-      if (i >= ready_.size() || seen[i]) r.fail("learn_order", "the learned order names tensor " + std::to_string(i) + " twice or past the layout.");
+      if (i >= ready_.size() || seen[i]) r.fail("learn_order", fmt::format("the learned order names tensor {} twice or past the layout.", i));
       seen[i] = true;
       s.order.push_back(static_cast<std::size_t>(i));
     }

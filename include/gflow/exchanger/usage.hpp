@@ -10,30 +10,30 @@
 
 namespace gflow::detail {
 
-inline std::string tensor_named(const Layout& l, std::size_t i) { return "tensor " + std::to_string(i) + " ('" + l[i].name + "')"; }
+inline std::string tensor_named(const Layout& l, std::size_t i) { return fmt::format("tensor {} ('{}')", i, l[i].name); }
 
 inline invalid_argument index_error(const Layout& l, std::size_t i, const char* where) {
-  return invalid_argument("tensor", std::string(where) + "(" + std::to_string(i) + "): index out of range; the layout has " +
-                                        std::to_string(l.size()) + " tensors.",
-                          "pass a layout index in [0, " + std::to_string(l.size()) + "), forward order.");
+  return invalid_argument("tensor", fmt::format("{}({}): index out of range; the layout has "
+                                        "{} tensors.", where, i, l.size()),
+                          fmt::format("pass a layout index in [0, {}), forward order.", l.size()));
 }
 
 inline usage_error double_ready_error(const Layout& l, std::size_t i, std::uint64_t iteration) {
-  return usage_error("ready", tensor_named(l, i) + " was marked ready twice in iteration " + std::to_string(iteration) + ".",
+  return usage_error("ready", fmt::format("{} was marked ready twice in iteration {}.", tensor_named(l, i), iteration),
                      "call ready(i) once per tensor per iteration; finish() starts the next iteration. To add several "
                      "micro-batches' gradients before one exchange, run all but the last backward inside ex.no_sync().");
 }
 
 inline usage_error missing_error(const Layout& l, std::size_t missing, std::size_t first, std::uint64_t iteration) {
-  return usage_error("finish", std::to_string(missing) + " of " + std::to_string(l.size()) + " tensors are not ready in iteration " +
-                                   std::to_string(iteration) + "; the first is " + tensor_named(l, first) + ".",
+  return usage_error("finish", fmt::format("{} of {} tensors are not ready in iteration "
+                                   "{}; the first is {}.", missing, l.size(), iteration, tensor_named(l, first)),
                      "call ready(i) for every tensor of the layout before finish(); if some parameters get no gradient in some "
                      "iterations, construct the exchanger with exchange_options::find_unused = true (on every rank).");
 }
 
 inline usage_error mid_iteration_error(const char* what, std::size_t ready, std::size_t n, std::uint64_t iteration) {
-  return usage_error(what, std::string(what) + " was called in the middle of iteration " + std::to_string(iteration) + " (" +
-                               std::to_string(ready) + " of " + std::to_string(n) + " tensors ready).",
+  return usage_error(what, fmt::format("{} was called in the middle of iteration {} ("
+                               "{} of {} tensors ready).", what, iteration, ready, n),
                      "call " + std::string(what) + "() between finish() and the next ready().");
 }
 
@@ -57,7 +57,7 @@ inline usage_error join_without_option_error() {
 }
 
 inline usage_error set_fusion_mid_iteration_error(std::uint64_t iteration) {
-  return usage_error("set_fusion", "called in the middle of iteration " + std::to_string(iteration) + ".",
+  return usage_error("set_fusion", fmt::format("called in the middle of iteration {}.", iteration),
                      "change the fusion threshold between finish() and the next ready().");
 }
 

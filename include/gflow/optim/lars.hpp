@@ -46,10 +46,10 @@ class lars {
  public:
   explicit lars(lars_options o = {}) : o_(o) {
     if (!(std::isfinite(o.coefficient) && o.coefficient > 0.0f))
-      throw invalid_argument("lars_coefficient", "the LARS coefficient must be finite and positive (got " + std::to_string(o.coefficient) + ").",
+      throw invalid_argument("lars_coefficient", fmt::format("the LARS coefficient must be finite and positive (got {:f}).", o.coefficient),
                              "pass e.g. 0.001 (paper 001); raise the global learning rate to match.");
     if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0f))
-      throw invalid_argument("weight_decay", "the weight decay must be finite and non-negative (got " + std::to_string(o.weight_decay) + ").",
+      throw invalid_argument("weight_decay", fmt::format("the weight decay must be finite and non-negative (got {:f}).", o.weight_decay),
                              "pass e.g. 0.0005, or 0 for none.");
   }
 
@@ -59,7 +59,7 @@ class lars {
   /// The same with a per-layer weight decay (e.g. 0 for biases, as paper 001 does).
   float apply(std::span<const float> w, std::span<float> g, float weight_decay) const {
     if (w.size() != g.size())
-      throw invalid_argument("gradients", "LARS got " + std::to_string(w.size()) + " weights and " + std::to_string(g.size()) + " gradients.",
+      throw invalid_argument("gradients", fmt::format("LARS got {} weights and {} gradients.", w.size(), g.size()),
                              "pass the weights and the gradient of the same layer.");
     lars_options o = o_;
     o.weight_decay = weight_decay;

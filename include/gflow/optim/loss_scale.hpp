@@ -35,15 +35,15 @@ class dynamic_loss_scale {
   explicit dynamic_loss_scale(loss_scale_options o = {}) : o_(o) {
     auto positive = [](float v) { return std::isfinite(v) && v > 0.0f; };
     if (!positive(o.min_scale) || !positive(o.max_scale) || o.min_scale > o.max_scale)
-      throw invalid_argument("min_scale", "the loss-scale bounds must be finite, positive and min <= max (got min " +
-                                              std::to_string(o.min_scale) + ", max " + std::to_string(o.max_scale) + ").",
+      throw invalid_argument("min_scale", fmt::format("the loss-scale bounds must be finite, positive and min <= max (got min "
+                                              "{:f}, max {:f}).", o.min_scale, o.max_scale),
                              "pass e.g. min_scale = 1, max_scale = 2^24.");
     if (!positive(o.initial) || o.initial < o.min_scale || o.initial > o.max_scale)
-      throw invalid_argument("initial", "the initial loss scale " + std::to_string(o.initial) + " is not finite or lies outside [" +
-                                            std::to_string(o.min_scale) + ", " + std::to_string(o.max_scale) + "].",
+      throw invalid_argument("initial", fmt::format("the initial loss scale {:f} is not finite or lies outside ["
+                                            "{:f}, {:f}].", o.initial, o.min_scale, o.max_scale),
                              "pass a scale inside the bounds, e.g. 32768 for fp16 gradients.");
     if (!(std::isfinite(o.factor) && o.factor > 1.0f))
-      throw invalid_argument("factor", "the loss-scale factor must be finite and greater than 1 (got " + std::to_string(o.factor) + ").",
+      throw invalid_argument("factor", fmt::format("the loss-scale factor must be finite and greater than 1 (got {:f}).", o.factor),
                              "pass e.g. 2 (halve on overflow, double on growth).");
     if (o.dynamic && o.growth_interval == 0)
       throw invalid_argument("growth_interval", "a dynamic loss scale needs at least one good step before it grows (got 0).",
@@ -78,8 +78,7 @@ class dynamic_loss_scale {
   /// Restores what scale(), good_steps() and skipped() returned (a trainer's checkpoint).
   void restore(float scale, std::uint32_t good_steps, std::uint64_t skipped) {
     if (!(std::isfinite(scale) && scale >= o_.min_scale && scale <= o_.max_scale))
-      throw invalid_argument("scale", "the restored loss scale " + std::to_string(scale) + " is not finite or lies outside [" +
-                                          std::to_string(o_.min_scale) + ", " + std::to_string(o_.max_scale) + "].",
+      throw invalid_argument("scale", fmt::format("the restored loss scale {:f} is not finite or lies outside [{:f}, {:f}].", scale, o_.min_scale, o_.max_scale),
                              "restore the values this loss scale (with these options) returned when it was saved.");
     scale_ = scale;
     good_ = good_steps;

@@ -93,11 +93,11 @@ class momentum_sgd {
     const std::size_t chunks = (hu_.size() + chunk_elems - 1) / chunk_elems;
     for (std::size_t j = 0; j < selected.size(); ++j) {
       if (selected[j] >= chunks)
-        throw invalid_argument("selected", "chunk " + std::to_string(selected[j]) + " is outside the pool's " + std::to_string(chunks) +
-                                               " chunks of " + std::to_string(chunk_elems) + " elements.",
+        throw invalid_argument("selected", fmt::format("chunk {} is outside the pool's {}"
+                                               " chunks of {} elements.", selected[j], chunks, chunk_elems),
                                "pass ex.sparsifier().selected_chunks() with the same exchanger's chunk size.");
       if (j != 0 && selected[j] <= selected[j - 1])
-        throw invalid_argument("selected", "the chunk list is not strictly ascending at position " + std::to_string(j) + ".",
+        throw invalid_argument("selected", fmt::format("the chunk list is not strictly ascending at position {}.", j),
                                "pass ex.sparsifier().selected_chunks() (ascending, no duplicates).");
     }
     kernels::momentum_sgd_step(w.data(), g.data(), hu_.data() + pool_offset, pool_offset, w.size(), chunk_elems, selected.data(),
@@ -112,13 +112,13 @@ class momentum_sgd {
 
   void set_learning_rate(float lr) {
     if (!(std::isfinite(lr) && lr >= 0.0f))
-      throw invalid_argument("learning_rate", "the learning rate must be finite and non-negative (got " + std::to_string(lr) + ").",
+      throw invalid_argument("learning_rate", fmt::format("the learning rate must be finite and non-negative (got {:f}).", lr),
                              "pass e.g. 0.1 (gflow descends: w -= u).");
     lr_ = lr;
   }
   void set_momentum(float m) {
     if (!(m >= 0.0f && m < 1.0f))
-      throw invalid_argument("momentum", "the SGD momentum must lie in [0, 1) (got " + std::to_string(m) + ").", "pass e.g. 0.9.");
+      throw invalid_argument("momentum", fmt::format("the SGD momentum must lie in [0, 1) (got {:f}).", m), "pass e.g. 0.9.");
     momentum_ = m;
   }
   [[nodiscard]] float learning_rate() const noexcept { return lr_; }
@@ -130,11 +130,11 @@ class momentum_sgd {
  private:
   void check_range(std::size_t nw, std::size_t ng, std::size_t offset) const {
     if (nw != ng)
-      throw invalid_argument("gradients", "the weights have " + std::to_string(nw) + " elements, the gradients " + std::to_string(ng) + ".",
+      throw invalid_argument("gradients", fmt::format("the weights have {} elements, the gradients {}.", nw, ng),
                              "pass the weights and gradients of the same tensor (or of the whole pool).");
     if (offset > hu_.size() || nw > hu_.size() - offset)
-      throw invalid_argument("pool_offset", "range [" + std::to_string(offset) + ", " + std::to_string(offset + nw) +
-                                                ") is outside the pool of " + std::to_string(hu_.size()) + " elements.",
+      throw invalid_argument("pool_offset", fmt::format("range [{}, {}"
+                                                ") is outside the pool of {} elements.", offset, offset + nw, hu_.size()),
                              "pass the tensor's offset from ex.pool_plan().offset and its own elements.");
   }
 

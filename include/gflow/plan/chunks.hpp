@@ -35,10 +35,10 @@ class chunk_geometry {
     count_ = total_ / chunk_ + (total_ % chunk_ != 0);
     if (count_ > std::numeric_limits<std::uint32_t>::max())
       throw invalid_argument("chunk_elems",
-                             "a chunk size of " + std::to_string(chunk_elems) + " cuts the pool of " + std::to_string(pool_elems) +
-                                 " elements into " + std::to_string(count_) + " chunks; chunk indices are 32-bit.",
-                             "use a chunk size of at least " + std::to_string(pool_elems / std::numeric_limits<std::uint32_t>::max() + 1) +
-                                 " elements.");
+                             fmt::format("a chunk size of {} cuts the pool of {}"
+                                 " elements into {} chunks; chunk indices are 32-bit.", chunk_elems, pool_elems, count_),
+                             fmt::format("use a chunk size of at least {}"
+                                 " elements.", pool_elems / std::numeric_limits<std::uint32_t>::max() + 1));
   }
 
   [[nodiscard]] std::size_t pool_elems() const noexcept { return total_; }
@@ -83,8 +83,8 @@ inline std::vector<chunk_range> plan_chunk_ranges(const chunk_geometry& g, const
   std::size_t expect_offset = 0;
   for (const auto& b : buckets) {
     if (b.offset != expect_offset)
-      throw invalid_argument("buckets", "bucket at pool offset " + std::to_string(b.offset) + " does not follow the previous one (expected offset " +
-                                            std::to_string(expect_offset) + ").",
+      throw invalid_argument("buckets", fmt::format("bucket at pool offset {} does not follow the previous one (expected offset "
+                                            "{}).", b.offset, expect_offset),
                              "pass the buckets of plan_buckets, in pool order.");
     expect_offset = b.offset + b.count;
     const std::size_t upto = g.complete_before(expect_offset);
@@ -92,8 +92,8 @@ inline std::vector<chunk_range> plan_chunk_ranges(const chunk_geometry& g, const
     done = upto;
   }
   if (expect_offset != g.pool_elems())
-    throw invalid_argument("buckets", "the buckets cover " + std::to_string(expect_offset) + " pool elements, the chunk geometry " +
-                                          std::to_string(g.pool_elems()) + ".",
+    throw invalid_argument("buckets", fmt::format("the buckets cover {} pool elements, the chunk geometry "
+                                          "{}.", expect_offset, g.pool_elems()),
                            "plan the chunks and the buckets over the same pool.");
   return out;
 }

@@ -37,13 +37,13 @@ struct alpha_beta {
 /// (where alpha dominates) count as much as large ones.
 inline alpha_beta fit_alpha_beta(std::span<const double> x, std::span<const double> seconds) {
   if (x.size() != seconds.size() || x.empty())
-    throw invalid_argument("samples", "fit_alpha_beta needs as many sizes as times, at least one (got " + std::to_string(x.size()) + " and " +
-                                          std::to_string(seconds.size()) + ").",
+    throw invalid_argument("samples", fmt::format("fit_alpha_beta needs as many sizes as times, at least one (got {} and "
+                                          "{}).", x.size(), seconds.size()),
                            "pass one time per measured size.");
   double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
     if (!(seconds[i] > 0) || !(x[i] >= 0))
-      throw invalid_argument("samples", "fit_alpha_beta: sample " + std::to_string(i) + " has a non-positive time or negative size.",
+      throw invalid_argument("samples", fmt::format("fit_alpha_beta: sample {} has a non-positive time or negative size.", i),
                              "pass measured times > 0 and sizes >= 0.");
     const double w = 1.0 / (seconds[i] * seconds[i]);
     sw += w;
@@ -102,7 +102,7 @@ struct kind_shape {
 /// (bytes = what each rank contributes: its buffer for allreduce/broadcast, its part for all_gather).
 inline alpha_beta fit_kind(collective_kind k, int P, std::span<const double> bytes, std::span<const double> seconds) {
   if (P < 2 && k != collective_kind::send_recv)
-    throw invalid_argument("P", "a collective's cost is fitted from runs on at least 2 ranks (got " + std::to_string(P) + ").",
+    throw invalid_argument("P", fmt::format("a collective's cost is fitted from runs on at least 2 ranks (got {}).", P),
                            "measure on 2 or more ranks.");
   const alpha_beta raw = fit_alpha_beta(bytes, seconds);  // T = a + b n at this P
   const kind_shape s = shape_of(k, P);

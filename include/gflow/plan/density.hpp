@@ -28,7 +28,7 @@ namespace gflow::plan {
 /// Throws gflow::invalid_argument naming `what` unless 0 < d <= 1 (NaN is rejected).
 inline void check_density(double d, const std::string& what = "density") {
   if (!(d > 0.0 && d <= 1.0))
-    throw invalid_argument(what, "the density must lie in (0, 1] (got " + std::to_string(d) + ").",
+    throw invalid_argument(what, fmt::format("the density must lie in (0, 1] (got {:f}).", d),
                            "pass the fraction of gradients to exchange, e.g. 0.001 for 0.1%; 1 exchanges everything.");
 }
 
@@ -110,11 +110,11 @@ class density_schedule {
     check_density(final_, "final_density");
     std::uint64_t prev = 0;
     for (std::size_t i = 0; i < steps_.size(); ++i) {
-      check_density(steps_[i].density, "steps[" + std::to_string(i) + "].density");
+      check_density(steps_[i].density, fmt::format("steps[{}].density", i));
       if (steps_[i].until <= prev)
-        throw invalid_argument("steps[" + std::to_string(i) + "].until",
-                               "warm-up step " + std::to_string(i) + " ends at iteration " + std::to_string(steps_[i].until) +
-                                   ", not after the previous step's end (" + std::to_string(prev) + ").",
+        throw invalid_argument(fmt::format("steps[{}].until", i),
+                               fmt::format("warm-up step {} ends at iteration {}"
+                                   ", not after the previous step's end ({}).", i, steps_[i].until, prev),
                                "give each step an end iteration strictly greater than the one before (the first > 0).");
       prev = steps_[i].until;
     }

@@ -73,14 +73,14 @@ struct group_plan {
  private:
   int check_rank(int rank) const {
     if (rank < 0 || rank >= ranks)
-      throw invalid_argument("rank", "rank " + std::to_string(rank) + " is outside the " + std::to_string(ranks) + " ranks of the group plan.",
-                             "pass a rank in [0, " + std::to_string(ranks) + ").");
+      throw invalid_argument("rank", fmt::format("rank {} is outside the {} ranks of the group plan.", rank, ranks),
+                             fmt::format("pass a rank in [0, {}).", ranks));
     return rank;
   }
   int check_group(int group) const {
     if (group < 0 || group >= groups)
-      throw invalid_argument("group", "group " + std::to_string(group) + " does not exist; the plan has " + std::to_string(groups) + " groups.",
-                             "pass a group index in [0, " + std::to_string(groups) + ").");
+      throw invalid_argument("group", fmt::format("group {} does not exist; the plan has {} groups.", group, groups),
+                             fmt::format("pass a group index in [0, {}).", groups));
     return group;
   }
 };
@@ -88,19 +88,19 @@ struct group_plan {
 /// The groups of `group_size` ranks out of `ranks` (see the rule above).
 inline group_plan plan_groups(int ranks, int group_size) {
   if (ranks < 1)
-    throw invalid_argument("ranks", "a group plan needs at least one rank (got " + std::to_string(ranks) + ").",
+    throw invalid_argument("ranks", fmt::format("a group plan needs at least one rank (got {}).", ranks),
                            "pass the transport's size(), which is at least 1.");
   if (group_size < 1)
     throw invalid_argument("group_size",
-                           "the hierarchical group size must be positive (got " + std::to_string(group_size) + ").",
-                           "pass the number of ranks per group, e.g. the GPUs per node, between 1 and the number of ranks (" +
-                               std::to_string(ranks) + ").");
+                           fmt::format("the hierarchical group size must be positive (got {}).", group_size),
+                           fmt::format("pass the number of ranks per group, e.g. the GPUs per node, between 1 and the number of ranks ("
+                               "{}).", ranks));
   if (group_size > ranks)
     throw invalid_argument("group_size",
-                           "the hierarchical group size " + std::to_string(group_size) + " exceeds the " + std::to_string(ranks) +
-                               " ranks of the transport.",
-                           "pass a group size between 1 and " + std::to_string(ranks) +
-                               " (e.g. the ranks per node), or use Topology<Ring> on this few ranks.");
+                           fmt::format("the hierarchical group size {} exceeds the {}"
+                               " ranks of the transport.", group_size, ranks),
+                           fmt::format("pass a group size between 1 and {}"
+                               " (e.g. the ranks per node), or use Topology<Ring> on this few ranks.", ranks));
   return {ranks, group_size, (ranks + group_size - 1) / group_size};
 }
 

@@ -34,8 +34,8 @@ inline std::vector<std::size_t> reverse_order(std::size_t n) {
 inline pool_plan plan_pool(const Layout& layout, std::span<const std::size_t> order) {
   const std::size_t n = layout.size();
   if (order.size() != n)
-    throw invalid_argument("order", "the generation order names " + std::to_string(order.size()) + " tensors; the layout has " +
-                                        std::to_string(n) + ".",
+    throw invalid_argument("order", fmt::format("the generation order names {} tensors; the layout has "
+                                        "{}.", order.size(), n),
                            "pass every layout index exactly once, in the order backward produces the gradients.");
   pool_plan p;
   p.offset.assign(n, 0);
@@ -45,8 +45,8 @@ inline pool_plan plan_pool(const Layout& layout, std::span<const std::size_t> or
   for (std::size_t pos = 0; pos < n; ++pos) {
     const std::size_t i = order[pos];
     if (i >= n || seen[i])
-      throw invalid_argument("order", "position " + std::to_string(pos) + " of the generation order names tensor " + std::to_string(i) +
-                                          (i >= n ? ", past the layout's " + std::to_string(n) + " tensors." : ", named before."),
+      throw invalid_argument("order", fmt::format("position {} of the generation order names tensor {}"
+                                          "{}", pos, i, (i >= n ? fmt::format(", past the layout's {} tensors.", n) : ", named before.")),
                              "pass every layout index exactly once, in the order backward produces the gradients.");
     seen[i] = true;
     p.tensor_at[pos] = i;

@@ -27,7 +27,7 @@ namespace gflow::plan {
 
 /// ceil(log2 P): the number of merge rounds of gTop-k over P ranks (0 for P = 1).
 inline int gtopk_rounds(int ranks) {
-  if (ranks < 1) throw invalid_argument("ranks", "gTop-k needs at least one rank (got " + std::to_string(ranks) + ").", "pass the group size, >= 1.");
+  if (ranks < 1) throw invalid_argument("ranks", fmt::format("gTop-k needs at least one rank (got {}).", ranks), "pass the group size, >= 1.");
   int r = 0;
   while ((std::int64_t{1} << r) < ranks) ++r;
   return r;
@@ -45,9 +45,9 @@ struct tree_step {
 inline tree_step gtopk_step(int rank, int ranks, int round) {
   const int rounds = gtopk_rounds(ranks);
   if (rank < 0 || rank >= ranks)
-    throw invalid_argument("rank", "rank " + std::to_string(rank) + " is outside the group of " + std::to_string(ranks) + " ranks.", "pass 0 <= rank < ranks.");
+    throw invalid_argument("rank", fmt::format("rank {} is outside the group of {} ranks.", rank, ranks), "pass 0 <= rank < ranks.");
   if (round < 0 || round >= rounds)
-    throw invalid_argument("round", "round " + std::to_string(round) + " is outside [0, " + std::to_string(rounds) + ") for " + std::to_string(ranks) + " ranks.",
+    throw invalid_argument("round", fmt::format("round {} is outside [0, {}) for {} ranks.", round, rounds, ranks),
                            "pass 0 <= round < ceil(log2 ranks).");
   const std::int64_t half = std::int64_t{1} << round;
   const std::int64_t span = half << 1;

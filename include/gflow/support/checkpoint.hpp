@@ -163,7 +163,7 @@ class checkpoint_writer {
   void finish() {
     os_->flush();
     if (!*os_)
-      throw invalid_argument("out", "the output stream failed while the checkpoint was written (" + std::to_string(written_) + " bytes handed to it).",
+      throw invalid_argument("out", fmt::format("the output stream failed while the checkpoint was written ({} bytes handed to it).", written_),
                              "pass a stream that can take the whole state (check disk space and the file's open mode: binary, writable).");
   }
   [[nodiscard]] std::uint64_t written() const noexcept { return written_; }
@@ -192,8 +192,8 @@ class checkpoint_reader {
     const auto got = static_cast<std::size_t>(is_->gcount());
     if (got != n)
       throw parse_error("checkpoint",
-                        "the stream ends after " + std::to_string(read_ + got) + " bytes of the checkpoint, inside " + std::string(what) +
-                            " (" + std::to_string(n - got) + " more bytes expected): the checkpoint is truncated.",
+                        fmt::format("the stream ends after {} bytes of the checkpoint, inside {}"
+                            " ({} more bytes expected): the checkpoint is truncated.", read_ + got, what, n - got),
                         "load a complete checkpoint written by save_state (a file whose write was interrupted cannot be resumed from).");
     h_.update(p, n);
     read_ += n;
@@ -207,14 +207,14 @@ class checkpoint_reader {
   void expect_tag(std::uint32_t tag, std::string_view section) {
     const std::uint32_t t = u32(std::string("the tag of section '") + std::string(section) + "'");
     if (t != tag)
-      fail(std::string(section), "section '" + std::string(section) + "' was expected at byte " + std::to_string(read_ - 4) +
-                                     "; the checkpoint has tag 0x" + hex(t) + " there.");
+      fail(std::string(section), fmt::format("section '{}' was expected at byte {}"
+                                     "; the checkpoint has tag 0x{} there.", section, read_ - 4, hex(t)));
   }
 
   /// A length-prefixed string of at most max_len bytes.
   std::string str(std::size_t max_len, std::string_view what) {
     const std::uint32_t n = u32(what);
-    if (n > max_len) fail(std::string(what), std::string(what) + " claims " + std::to_string(n) + " bytes; at most " + std::to_string(max_len) + " are allowed.");
+    if (n > max_len) fail(std::string(what), fmt::format("{} claims {} bytes; at most {} are allowed.", what, n, max_len));
     std::string s(n, '\0');
     bytes(s.data(), n, what);
     return s;
@@ -226,8 +226,8 @@ class checkpoint_reader {
   void array_exact(std::vector<E>& out, std::size_t expected, std::string_view what) {
     const std::uint64_t n = u64(what);
     if (n != expected)
-      fail(std::string(what), std::string(what) + " holds " + std::to_string(n) + " elements in the checkpoint; this exchanger has " +
-                                  std::to_string(expected) + ".");
+      fail(std::string(what), fmt::format("{} holds {} elements in the checkpoint; this exchanger has "
+                                  "{}.", what, n, expected));
     out.resize(expected);
     elements(out.data(), expected, what);
   }
@@ -236,7 +236,7 @@ class checkpoint_reader {
   template <class E>
   std::vector<E> array_upto(std::size_t max_n, std::string_view what) {
     const std::uint64_t n = u64(what);
-    if (n > max_n) fail(std::string(what), std::string(what) + " claims " + std::to_string(n) + " elements; at most " + std::to_string(max_n) + " are allowed.");
+    if (n > max_n) fail(std::string(what), fmt::format("{} claims {} elements; at most {} are allowed.", what, n, max_n));
     std::vector<E> out;
     constexpr std::size_t step = (std::size_t{1} << 16) / sizeof(E);
     for (std::size_t i = 0; i < n;) {
@@ -268,8 +268,7 @@ class checkpoint_reader {
     const std::uint64_t got = u64(std::string("the ") + std::string(part) + " checksum");
     if (got != expect)
       throw parse_error("checksum",
-                        "the " + std::string(part) + " of the checkpoint (" + std::to_string(read_ - 8) + " bytes from its start) does not match its checksum: "
-                            "the bytes were changed after save_state wrote them.",
+                        fmt::format("the {} of the checkpoint ({} bytes from its start) does not match its checksum: the bytes were changed after save_state wrote them.", part, read_ - 8),
                         "load an intact copy of the checkpoint (the file is corrupt, or the stream was not opened in binary mode).");
   }
 
@@ -349,8 +348,8 @@ inline checkpoint_identity read_checkpoint_identity(checkpoint_reader& r, std::s
   const std::uint32_t version = r.u32("the format version");
   if (version != checkpoint_version)
     throw parse_error("version",
-                      "the checkpoint has format version " + std::to_string(version) + "; this gflow reads version " +
-                          std::to_string(checkpoint_version) + ".",
+                      fmt::format("the checkpoint has format version {}; this gflow reads version "
+                          "{}.", version, checkpoint_version),
                       "load it with the gflow version that wrote it (the format is versioned; there is no conversion between versions).");
   checkpoint_identity f;
   f.layout_fp = r.u64("the layout fingerprint");
@@ -383,31 +382,31 @@ inline void check_checkpoint_identity(const checkpoint_identity& f, const checkp
                          "the checkpoint was saved by an exchanger with policies <" + f.composition + ">; this exchanger has <" + mine.composition + ">.",
                          "load it into an exchanger of the same composition (the same Exchanger<...> policies as the run that saved it).");
   if (f.layout_fp != mine.layout_fp || f.tensor_fps != mine.tensor_fps) {
-    std::string what = "the checkpoint was saved for a layout of " + std::to_string(f.tensor_fps.size()) + " tensors; this exchanger's has " +
-                       std::to_string(mine.tensor_fps.size());
+    std::string what = fmt::format("the checkpoint was saved for a layout of {} tensors; this exchanger's has "
+                       "{}", f.tensor_fps.size(), mine.tensor_fps.size());
     const std::size_t n = std::min(f.tensor_fps.size(), mine.tensor_fps.size());
     std::size_t i = 0;
     while (i < n && f.tensor_fps[i] == mine.tensor_fps[i]) ++i;
     if (i < mine.tensor_fps.size())
-      what += ", and the first tensor that differs is " + std::to_string(i) + " ('" + layout[i].name + "' here: name, shape or size changed).";
+      what += fmt::format(", and the first tensor that differs is {} ('{}' here: name, shape or size changed).", i, layout[i].name);
     else
-      what += "; the checkpoint's layout has more tensors after tensor " + std::to_string(i) + ".";
+      what += fmt::format("; the checkpoint's layout has more tensors after tensor {}.", i);
     throw mismatch_error("layout", what, "load it into an exchanger built with the same layout (same tensors, shapes and order) as the run that saved it.");
   }
   if (!check_rank_size) return;
   if (f.size != mine.size)
     throw mismatch_error("size",
-                         "the checkpoint was saved by a job of " + std::to_string(f.size) + " ranks; this one has " + std::to_string(mine.size) + ".",
+                         fmt::format("the checkpoint was saved by a job of {} ranks; this one has {}.", f.size, mine.size),
                          "resume with the same number of ranks, or re-shard the whole set of P checkpoints (gflow::load_resharded, gflow-reshard).");
   if (f.rank != mine.rank)
     throw mismatch_error("rank",
-                         "the checkpoint was saved by rank " + std::to_string(f.rank) + "; this exchanger is rank " + std::to_string(mine.rank) +
-                             " of " + std::to_string(mine.size) + ".",
+                         fmt::format("the checkpoint was saved by rank {}; this exchanger is rank {}"
+                             " of {}.", f.rank, mine.rank, mine.size),
                          "let every rank load the checkpoint it saved itself (residuals differ per rank), e.g. name the files by rank.");
   if (f.pool_elems != mine.pool_elems)
     throw mismatch_error("pool_size",
-                         "the checkpoint holds a pool of " + std::to_string(f.pool_elems) + " elements; this exchanger's has " +
-                             std::to_string(mine.pool_elems) + ".",
+                         fmt::format("the checkpoint holds a pool of {} elements; this exchanger's has "
+                             "{}.", f.pool_elems, mine.pool_elems),
                          "load it into an exchanger built with the same layout as the run that saved it.");
 }
 
@@ -416,8 +415,8 @@ inline void check_finite(const float* v, std::size_t n, const char* subject) {
   for (std::size_t i = 0; i < n; ++i)
     if ((std::bit_cast<std::uint32_t>(v[i]) & 0x7f800000u) == 0x7f800000u)
       throw parse_error(subject,
-                        std::string("the checkpoint's ") + subject + " holds a non-finite value at pool index " + std::to_string(i) +
-                            "; gflow never keeps inf or NaN there.",
+                        fmt::format("the checkpoint's {} holds a non-finite value at pool index {}"
+                            "; gflow never keeps inf or NaN there.", subject, i),
                         "load a checkpoint written by save_state, unmodified.");
 }
 

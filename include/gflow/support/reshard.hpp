@@ -80,7 +80,7 @@ inline checkpoint_schema schema_of(std::string_view name) {
                            "re-sharding knows the topology state of Ring, Hierarchical and Hybrid; this checkpoint's composition is <" +
                                std::string(name) + ">.",
                            "resume it on the same number of ranks (load_state).");
-  const std::string_view fu = after("gflow::Fusion<" + std::to_string(~std::size_t{0}));
+  const std::string_view fu = after(fmt::format("gflow::Fusion<{}", ~std::size_t{0}));
   s.tuned = !fu.empty() && !(fu[0] >= '0' && fu[0] <= '9');
   return s;
 }
@@ -121,7 +121,7 @@ inline void read_sparse(checkpoint_reader& r, const checkpoint_schema& s, checkp
       c.u32("index_bytes");
       c.f64("density");
       const std::uint64_t steps = c.u64("the density schedule's step count");
-      if (steps > (std::uint64_t{1} << 20)) r.fail("density_schedule", "the density schedule claims " + std::to_string(steps) + " steps.");
+      if (steps > (std::uint64_t{1} << 20)) r.fail("density_schedule", fmt::format("the density schedule claims {} steps.", steps));
       for (std::uint64_t i = 0; i < steps; ++i) {
         c.u64("a density schedule step");
         c.f64("a density schedule step");
@@ -171,7 +171,7 @@ inline checkpoint_image read_checkpoint_image(std::istream& in, const checkpoint
     c.u64("threshold_bytes");
     c.u64("first_bucket_bytes");
     const std::uint64_t learn = c.u64("learn_order");
-    if (learn > 2) r.fail("learn_order", "the learn_order state is " + std::to_string(learn) + "; 0, 1 or 2 were written.");
+    if (learn > 2) r.fail("learn_order", fmt::format("the learn_order state is {}; 0, 1 or 2 were written.", learn));
     if (learn == 2)
       for (std::size_t i = 0; i < img.id.tensor_fps.size(); ++i) c.u64("the learned order");
   });
@@ -231,39 +231,37 @@ inline std::vector<const checkpoint_image*> order_set(const std::vector<checkpoi
     const checkpoint_identity& b = imgs[i].id;
     if (b.composition != a.composition || b.layout_fp != a.layout_fp || b.tensor_fps != a.tensor_fps || b.pool_elems != a.pool_elems)
       throw mismatch_error("checkpoints",
-                           "checkpoint " + std::to_string(i) + " of the set was saved by another exchanger than checkpoint 0 (composition <" +
-                               b.composition + "> vs <" + a.composition + ">, or another layout).",
+                           fmt::format("checkpoint {} of the set was saved by another exchanger than checkpoint 0 (composition <{}> vs <{}>, or another layout).",
+                                       i, b.composition, a.composition),
                            "pass the checkpoints of one job only.");
     if (b.size != P)
-      set_error("checkpoint " + std::to_string(i) + " was saved in a job of " + std::to_string(b.size) + " ranks; checkpoint 0 in one of " +
-                    std::to_string(P) + ".",
+      set_error(fmt::format("checkpoint {} was saved in a job of {} ranks; checkpoint 0 in one of {}.", i, b.size, P),
                 "pass the checkpoints of one job only.");
     if (b.rank >= P)
-      set_error("checkpoint " + std::to_string(i) + " names rank " + std::to_string(b.rank) + " of " + std::to_string(P) + ".",
+      set_error(fmt::format("checkpoint {} names rank {} of {}.", i, b.rank, P),
                 "pass intact checkpoints written by save_state.");
     if (by_rank[b.rank])
-      set_error("rank " + std::to_string(b.rank) + " appears twice in the set (checkpoint " + std::to_string(i) + " and an earlier one).",
+      set_error(fmt::format("rank {} appears twice in the set (checkpoint {} and an earlier one).", b.rank, i),
                 "pass each rank's checkpoint once.");
     by_rank[b.rank] = &imgs[i];
   }
   for (std::uint32_t r = 0; r < P; ++r)
     if (!by_rank[r])
-      set_error("the set holds " + std::to_string(imgs.size()) + " checkpoints of a job of " + std::to_string(P) + " ranks; rank " +
-                    std::to_string(r) + "'s is missing.",
+      set_error(fmt::format("the set holds {} checkpoints of a job of {} ranks; rank {}'s is missing.", imgs.size(), P, r),
                 "pass the checkpoints of every rank: each holds residuals no other rank has.");
   const checkpoint_image& z = *by_rank[0];
   for (std::uint32_t r = 1; r < P; ++r) {
     const checkpoint_image& x = *by_rank[r];
     if (x.iteration != z.iteration)
       throw mismatch_error("iteration",
-                           "rank 0's checkpoint was saved after iteration " + std::to_string(z.iteration) + ", rank " + std::to_string(r) +
-                               "'s after iteration " + std::to_string(x.iteration) + ": the set mixes generations.",
+                           fmt::format("rank 0's checkpoint was saved after iteration {}, rank {}'s after iteration {}: the set mixes generations.",
+                                       z.iteration, r, x.iteration),
                            "pass checkpoints saved at the same iteration by every rank (e.g. the last complete set).");
     const char* differs = x.exch != z.exch ? "EXCH" : x.topo != z.topo ? "TOPO" : x.sparse_shared != z.sparse_shared ? "SPRS" : nullptr;
     if (differs || x.residual.size() != z.residual.size())
       throw mismatch_error("checkpoints",
-                           "the state every rank holds alike (section " + std::string(differs ? differs : "SPRS") + ") differs between rank 0 and rank " +
-                               std::to_string(r) + " at iteration " + std::to_string(z.iteration) + ".",
+                           fmt::format("the state every rank holds alike (section {}) differs between rank 0 and rank {} at iteration {}.",
+                                       differs ? differs : "SPRS", r, z.iteration),
                            "pass checkpoints saved by one job at one iteration, unmodified.");
   }
   return by_rank;
@@ -311,7 +309,7 @@ inline void write_resharded(const std::vector<const checkpoint_image*>& set, std
 
 inline void check_new_shape(int new_rank, int new_size) {
   if (new_size <= 0 || new_rank < 0 || new_rank >= new_size)
-    throw invalid_argument("new_rank", "rank " + std::to_string(new_rank) + " of " + std::to_string(new_size) + " is not a rank of the new job.",
+    throw invalid_argument("new_rank", fmt::format("rank {} of {} is not a rank of the new job.", new_rank, new_size),
                            "pass 0 <= new_rank < new_size, new_size >= 1.");
 }
 
@@ -324,7 +322,7 @@ inline std::vector<checkpoint_image> read_set(std::span<std::istream* const> old
     try {
       imgs.push_back(read_checkpoint_image(*old[i], mine, layout));
     } catch (const parse_error& e) {
-      throw parse_error("checkpoints", "checkpoint " + std::to_string(i) + " of the set cannot be read: " + std::string(e.what()),
+      throw parse_error("checkpoints", fmt::format("checkpoint {} of the set cannot be read: {}", i, e.what()),
                         "pass intact checkpoints, every one written completely by save_state.");
     }
   }

@@ -16,6 +16,8 @@
 #include <cstring>
 #include <string>
 
+#include "../error.hpp"
+
 namespace gflow::sparse_message {
 
 inline constexpr std::size_t header_bytes = 24;
@@ -81,15 +83,15 @@ inline std::string describe(const unpack_result& r, std::size_t k, std::uint64_t
   switch (r.fault) {
     case fault_code::none: return "the message is valid.";
     case fault_code::count:
-      return "it claims " + std::to_string(r.position) + " entries, more than the capacity k = " + std::to_string(k) + ".";
+      return fmt::format("it claims {} entries, more than the capacity k = {}.", r.position, k);
     case fault_code::index:
-      return "entry " + std::to_string(r.position) + " has index " + std::to_string(r.bad_index) + ", outside the selection range [" +
-             std::to_string(lo) + ", " + std::to_string(hi) + ").";
+      return fmt::format("entry {} has index {}, outside the selection range ["
+             "{}, {}).", r.position, r.bad_index, lo, hi);
     case fault_code::order:
-      return "entry " + std::to_string(r.position) + " has index " + std::to_string(r.bad_index) +
-             ", not greater than the entry before it (a duplicate or out-of-order index).";
-    case fault_code::value: return "entry " + std::to_string(r.position) + " (index " + std::to_string(r.bad_index) + ") has a NaN value.";
-    case fault_code::status: return "its header carries fault status " + std::to_string(r.header.status) + ".";
+      return fmt::format("entry {} has index {}"
+             ", not greater than the entry before it (a duplicate or out-of-order index).", r.position, r.bad_index);
+    case fault_code::value: return fmt::format("entry {} (index {}) has a NaN value.", r.position, r.bad_index);
+    case fault_code::status: return fmt::format("its header carries fault status {}.", r.header.status);
   }
   return "it is malformed.";
 }

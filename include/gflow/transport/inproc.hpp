@@ -58,9 +58,9 @@ struct signature {
   friend bool operator==(const signature&, const signature&) = default;
   [[nodiscard]] std::string str() const {
     std::string s = name(k);
-    s += "(" + std::to_string(count) + " x " + std::string(to_string(type));
+    s += fmt::format("({} x {}", count, to_string(type));
     if (k == kind::all_reduce || k == kind::reduce) s += ", " + std::string(to_string(op));
-    if (k == kind::broadcast || k == kind::reduce) s += ", root " + std::to_string(root);
+    if (k == kind::broadcast || k == kind::reduce) s += fmt::format(", root {}", root);
     return s + ")";
   }
 };
@@ -209,7 +209,7 @@ inline void exec_split(slot& s, group& g) {
   for (auto& [color, members] : by_color) {
     std::sort(members.begin(), members.end());
     auto sub = std::make_shared<group>(static_cast<int>(members.size()), g.timeout);
-    sub->label = g.label + "/" + std::to_string(color);
+    sub->label = fmt::format("{}/{}", g.label, color);
     for (std::size_t i = 0; i < members.size(); ++i) {
       auto* io = static_cast<split_io*>(s.ptr[members[i].second]);
       io->out = sub;
@@ -326,7 +326,7 @@ class transport : public transport_base<host_memory> {
         s->present.assign(g_->size, 0);
         s->sigs.assign(g_->size, {});
       } else if (!(s->sig == sig) && s->error.empty()) {
-        s->error = "collective #" + std::to_string(seq) + " differs across ranks";
+        s->error = fmt::format("collective #{} differs across ranks", seq);
       }
       s->sigs[rank_] = sig;
       s->ptr[rank_] = buf;
@@ -367,13 +367,13 @@ class transport : public transport_base<host_memory> {
     if (!s.done) {
       // Give up, and make sure nobody ever runs this collective on our (soon gone) buffer.
       s.abandoned = true;
-      if (s.error.empty()) s.error = "rank " + std::to_string(rank_) + " gave up on collective #" + std::to_string(r.seq) + " after a timeout";
+      if (s.error.empty()) s.error = fmt::format("rank {} gave up on collective #{} after a timeout", rank_, r.seq);
       std::string missing;
       for (int q = 0; q < g_->size; ++q)
-        if (!s.present[q]) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+        if (!s.present[q]) missing += fmt::format("{}{}", (missing.empty() ? "" : ", "), q);
       const char* op = detail::name(s.sig.k);
-      const std::string what = "rank " + std::to_string(rank_) + " of group '" + g_->label + "' waited " + std::to_string(g_->timeout.count()) +
-                               " ms for collective #" + std::to_string(r.seq) + " " + s.sig.str() + "; rank(s) " + missing + " did not arrive.";
+      const std::string what = fmt::format("rank {} of group '{}' waited {}"
+                               " ms for collective #{} {}; rank(s) {} did not arrive.", rank_, g_->label, g_->timeout.count(), r.seq, s.sig.str(), missing);
       if (++s.waited == g_->size) g_->slots.erase(it);
       throw timeout_error(op, what, "make every rank issue the same collectives in the same order, or raise the timeout.");
     }
@@ -383,7 +383,7 @@ class transport : public transport_base<host_memory> {
     const char* op = detail::name(s.sig.k);
     std::string detail_msg;
     if (!err.empty())
-      for (int q = 0; q < g_->size; ++q) detail_msg += " rank " + std::to_string(q) + ": " + s.sigs[q].str() + ";";
+      for (int q = 0; q < g_->size; ++q) detail_msg += fmt::format(" rank {}: {};", q, s.sigs[q].str());
     if (++s.waited == g_->size) g_->slots.erase(it);
     if (abandoned)
       throw timeout_error(op, err + " in group '" + g_->label + "'; this collective was not executed.",
@@ -398,16 +398,16 @@ class transport : public transport_base<host_memory> {
     auto& q = g_->mail[{r.peer, rank_}];
     const auto deadline = std::chrono::steady_clock::now() + g_->timeout;
     if (!g_->cv.wait_until(lk, deadline, [&] { return !q.empty(); }))
-      throw timeout_error("recv", "rank " + std::to_string(rank_) + " waited " + std::to_string(g_->timeout.count()) +
-                                      " ms for a message from rank " + std::to_string(r.peer) + " that was never sent.",
+      throw timeout_error("recv", fmt::format("rank {} waited {}"
+                                      " ms for a message from rank {} that was never sent.", rank_, g_->timeout.count(), r.peer),
                           "pair every recv with a send on the peer, or raise the timeout.");
     detail::message msg = std::move(q.front());
     q.pop_front();
     lk.unlock();
     if (msg.type != r.elem || msg.count != r.count)
-      throw mismatch_error("recv", "rank " + std::to_string(rank_) + " expected " + std::to_string(r.count) + " x " + std::string(to_string(r.elem)) +
-                                       " from rank " + std::to_string(r.peer) + " but got " + std::to_string(msg.count) + " x " +
-                                       std::string(to_string(msg.type)) + ".",
+      throw mismatch_error("recv", fmt::format("rank {} expected {} x {}"
+                                       " from rank {} but got {} x "
+                                       "{}.", rank_, r.count, to_string(r.elem), r.peer, msg.count, to_string(msg.type)),
                            "make send and recv agree on count and element type.");
     if (r.count) std::memcpy(r.buf, msg.data.data(), msg.data.size());
   }

@@ -164,7 +164,7 @@ class transport : public transport_base<host_memory> {
   /// is recorded (peer = color).
   transport split(int color, int key) {
     log_->append(log_->records, {op::split, 0, dtype::u8, 0, color, group_, false});
-    std::string label = group_ + "/" + std::to_string(color);
+    std::string label = fmt::format("{}/{}", group_, color);
     if (log_->split_rule) {
       const split_result r = log_->split_rule(split_query{group_, size_, rank_, color, key});
       return transport(r.size, r.rank, log_, std::move(label));
@@ -201,7 +201,7 @@ class transport : public transport_base<host_memory> {
       log_->inbox.pop_front();
     }
     if (payload.size() != bytes)
-      throw mismatch_error("recv", "mock inbox payload has " + std::to_string(payload.size()) + " bytes, recv expects " + std::to_string(bytes) + ".",
+      throw mismatch_error("recv", fmt::format("mock inbox payload has {} bytes, recv expects {}.", payload.size(), bytes),
                            "queue a payload of the size the test's recv asks for.");
     if (bytes) std::memcpy(buf, payload.data(), bytes);
   }

@@ -236,8 +236,8 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
     count_t got = 0;
     check(detail::get_count(&st, type, &got), op);
     if (got != r.recv_count)
-      throw mismatch_error(op, "rank " + std::to_string(rank_) + " expected " + std::to_string(r.recv_count) + " elements from rank " +
-                                   std::to_string(r.peer) + " but the message held " + std::to_string(got) + ".",
+      throw mismatch_error(op, fmt::format("rank {} expected {} elements from rank "
+                                   "{} but the message held {}.", rank_, r.recv_count, r.peer, got),
                            "make send and recv agree on count and element type.");
   }
 
@@ -247,7 +247,7 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
   /// is there, since MPI_Comm_split itself cannot be polled.
   transport split(int color, int key) {
     if (color < 0)
-      throw invalid_argument("color", "split color " + std::to_string(color) + " is negative; MPI_Comm_split needs a non-negative color.",
+      throw invalid_argument("color", fmt::format("split color {} is negative; MPI_Comm_split needs a non-negative color.", color),
                              "pass a color >= 0 (every rank must get a group).");
     request q = start("split", dtype::u8, 0);
     check(MPI_Ibarrier(comm_, &q.r), "split");
@@ -316,8 +316,8 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
       }
       if (done) break;
       if (timed() && clock::now() >= deadline)
-        throw timeout_error("transport", "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " waited " +
-                                             std::to_string(timeout_.count()) + " ms for the other ranks to construct the transport (MPI_Comm_idup).",
+        throw timeout_error("transport", fmt::format("rank {} of {} waited "
+                                             "{} ms for the other ranks to construct the transport (MPI_Comm_idup).", rank_, size_, timeout_.count()),
                             "construct the transport on every rank of the communicator (it is a collective), or raise the timeout.");
     }
     state_->ctl = *ctl;

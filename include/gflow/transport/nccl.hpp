@@ -115,11 +115,11 @@ class transport : public detail::comm_watch, public transport_base<device_memory
     int count = 0;
     cuda::check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount in gflow::nccl::transport::init_all");
     if (ndev < 1 || ndev > count)
-      throw invalid_argument("ndev", "init_all(" + std::to_string(ndev) + "): this process sees " + std::to_string(count) + " CUDA device(s).",
-                             "pass a device count in [1, " + std::to_string(count) + "] (check CUDA_VISIBLE_DEVICES).");
+      throw invalid_argument("ndev", fmt::format("init_all({}): this process sees {} CUDA device(s).", ndev, count),
+                             fmt::format("pass a device count in [1, {}] (check CUDA_VISIBLE_DEVICES).", count));
     std::vector<ncclComm_t> comms(static_cast<std::size_t>(ndev), nullptr);
     const ncclResult_t r = ncclCommInitAll(comms.data(), ndev, nullptr);
-    if (r != ncclSuccess) detail::fail(r, "ncclCommInitAll", std::to_string(ndev) + " devices", nullptr);
+    if (r != ncclSuccess) detail::fail(r, "ncclCommInitAll", fmt::format("{} devices", ndev), nullptr);
     std::vector<transport> out;
     out.reserve(comms.size());
     std::size_t adopted = 0;
@@ -154,12 +154,12 @@ class transport : public detail::comm_watch, public transport_base<device_memory
   /// every rank calls it with the same id). The transport owns the communicator and a stream.
   static transport init_rank(int nranks, const ncclUniqueId& id, int rank, int device) {
     if (nranks < 1 || rank < 0 || rank >= nranks)
-      throw invalid_argument("rank", "init_rank: rank " + std::to_string(rank) + " of " + std::to_string(nranks) + " ranks.",
+      throw invalid_argument("rank", fmt::format("init_rank: rank {} of {} ranks.", rank, nranks),
                              "pass nranks >= 1 and a rank in [0, nranks).");
     cuda::device_guard g(device);
     ncclComm_t comm = nullptr;
     const ncclResult_t r = ncclCommInitRank(&comm, nranks, id, rank);
-    if (r != ncclSuccess) detail::fail(r, "ncclCommInitRank", "rank " + std::to_string(rank) + " of " + std::to_string(nranks), nullptr);
+    if (r != ncclSuccess) detail::fail(r, "ncclCommInitRank", fmt::format("rank {} of {}", rank, nranks), nullptr);
     try {
       return transport(comm, make_stream(device), ownership::owned);
     } catch (...) {
@@ -282,7 +282,7 @@ class transport : public detail::comm_watch, public transport_base<device_memory
     refuse_in_group("split");
     live("split");
     if (color < 0)
-      throw invalid_argument("color", "split(" + std::to_string(color) + ", " + std::to_string(key) + "): color must be >= 0.",
+      throw invalid_argument("color", fmt::format("split({}, {}): color must be >= 0.", color, key),
                              "give every rank a non-negative color; ranks that should stay out still need a group of their own.");
     cuda::device_guard g(device_);
     ncclComm_t sub = nullptr;

@@ -19,7 +19,7 @@ inline constexpr std::chrono::milliseconds default_timeout{std::chrono::minutes(
 /// Checks a timeout passed to a transport.
 inline void check_timeout(std::chrono::milliseconds t) {
   if (t.count() < 0)
-    throw invalid_argument("timeout", "a timeout of " + std::to_string(t.count()) + " ms is negative.",
+    throw invalid_argument("timeout", fmt::format("a timeout of {} ms is negative.", t.count()),
                            "pass a duration >= 0 (0 turns timeouts off).");
 }
 

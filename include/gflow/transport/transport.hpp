@@ -56,7 +56,7 @@ namespace detail {
 /// The argument check every transport makes on a peer or root: p must be a rank of the group.
 inline void check_peer_rank(int p, int size, const char* what) {
   if (p < 0 || p >= size)
-    throw invalid_argument(what, std::string(what) + " " + std::to_string(p) + " is outside the group of " + std::to_string(size) + " ranks.",
+    throw invalid_argument(what, fmt::format("{} {} is outside the group of {} ranks.", what, p, size),
                            "pass a rank in [0, size()).");
 }
 }  // namespace detail

@@ -1,11 +1,13 @@
 // A consumer of an installed (or add_subdirectory'd) gflow: an fp16 exchange over four
-// in-process ranks, and the recording mock transport. Exits 0 when the results are right.
+// in-process ranks, the recording mock transport, and two error texts (built with {fmt}, which
+// gflow's package brings header-only). Exits 0 when the results are right.
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/inproc.hpp>
 #include <gflow/transport/mock.hpp>
 
 #include <atomic>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 int main() {
@@ -41,6 +43,23 @@ int main() {
   (void)dense.finish();
   // No fusion: one all_reduce per tensor, fp32 on the wire.
   if (m.calls().of(gflow::mock::op::all_reduce).size() != layout.size()) ++wrong;
+
+  // Error texts (docs/ERRORS.md), an integer and a floating-point value in them.
+  auto expect_error = [&](auto&& f, const std::string& text) {
+    try {
+      f();
+      std::printf("no error raised; expected: %s\n", text.c_str());
+      ++wrong;
+    } catch (const gflow::invalid_argument& e) {
+      if (std::string(e.what()).find(text) == std::string::npos) {
+        std::printf("error text '%s' does not contain '%s'\n", e.what(), text.c_str());
+        ++wrong;
+      }
+    }
+  };
+  expect_error([] { (void)gflow::Layout::from_sizes({300, 0}); }, "tensor 1 ('t1') has zero elements.");
+  gflow::Exchanger<gflow::Sparsifier<gflow::TopK<0.01>>>::on<gflow::mock::transport> topk(m, layout);
+  expect_error([&] { topk.sparsifier().set_density(1.5); }, "the density must lie in (0, 1] (got 1.500000).");
 
   std::printf("gflow consumer: %s\n", wrong == 0 ? "ok" : "WRONG");
   return wrong == 0 ? 0 : 1;

@@ -164,10 +164,10 @@ class topk_engine {
   /// 4 (u32 indices; only when the pool has at most 2^32 elements) or 8 (u64).
   void set_index_bytes(std::size_t bytes) {
     if (bytes != 4 && bytes != 8)
-      throw invalid_argument("index_bytes", "indices travel as 4 or 8 bytes (got " + std::to_string(bytes) + ").", "pass 4 or 8.");
+      throw invalid_argument("index_bytes", fmt::format("indices travel as 4 or 8 bytes (got {}).", bytes), "pass 4 or 8.");
     if (bytes == 4 && cx_->pool->total > (std::uint64_t{1} << 32))
       throw invalid_argument("index_bytes",
-                             "the pool has " + std::to_string(cx_->pool->total) + " elements; 32-bit indices address at most 2^32.",
+                             fmt::format("the pool has {} elements; 32-bit indices address at most 2^32.", cx_->pool->total),
                              "keep 8-byte indices for this layout.");
     wide_ = bytes == 8;
     replan();
@@ -204,16 +204,16 @@ class topk_engine {
   [[nodiscard]] saved_state read_state(checkpoint_reader& r) const {
     saved_state s;
     const std::uint32_t ib = r.u32("index_bytes");
-    if (ib != 4 && ib != 8) r.fail("index_bytes", "the checkpoint's index width is " + std::to_string(ib) + " bytes (4 or 8 expected).");
+    if (ib != 4 && ib != 8) r.fail("index_bytes", fmt::format("the checkpoint's index width is {} bytes (4 or 8 expected).", ib));
     if (ib == 4 && cx_->pool->total > (std::uint64_t{1} << 32))
       r.fail("index_bytes", "the checkpoint uses 32-bit indices for a pool of more than 2^32 elements.");
     s.wide = ib == 8;
     s.density = r.f64("density");
-    if (!(s.density > 0.0 && s.density <= 1.0)) r.fail("density", "the checkpoint's density " + std::to_string(s.density) + " is outside (0, 1].");
+    if (!(s.density > 0.0 && s.density <= 1.0)) r.fail("density", fmt::format("the checkpoint's density {:f} is outside (0, 1].", s.density));
     const std::uint64_t nsteps = r.u64("the density schedule's step count");
     constexpr std::uint64_t max_steps = std::uint64_t{1} << 20;
     if (nsteps > max_steps)
-      r.fail("density_schedule", "the checkpoint's density schedule claims " + std::to_string(nsteps) + " steps; at most " + std::to_string(max_steps) + " are allowed.");
+      r.fail("density_schedule", fmt::format("the checkpoint's density schedule claims {} steps; at most {} are allowed.", nsteps, max_steps));
     std::vector<plan::density_step> steps;
     for (std::uint64_t i = 0; i < nsteps; ++i) {
       plan::density_step st;
@@ -372,8 +372,8 @@ class topk_engine {
       if (!r.ok()) {
         restore_own<I>(cnt);
         throw parse_error(sparse_message::parameter_of(r.fault),
-                          std::string("Sparsifier<TopK>: the message all-gathered from rank ") + std::to_string(q) + " was rejected: " +
-                              sparse_message::describe(r, k, off, off + n),
+                          fmt::format("Sparsifier<TopK>: the message all-gathered from rank {} was rejected: "
+                              "{}", q, sparse_message::describe(r, k, off, off + n)),
                           fix_text());
       }
     }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine.hpp"
+#include "../../error.hpp"
 
 namespace gflow::detail {
 
@@ -97,8 +98,8 @@ void topk_engine<Ctx, Density, Global>::fail_global(const sparse_message::unpack
   const sparse_message::header* h = mark.status != 0 ? &mark : (F.fault == sparse_message::fault_code::status ? &F.header : nullptr);
   if (h != nullptr) {
     const auto fault = static_cast<sparse_message::fault_code>(h->status);
-    std::string what = "Sparsifier<GTopK>: in merge round " + std::to_string(h->round) + ", rank " + std::to_string(h->reporter) +
-                       " rejected the message from rank " + std::to_string(h->source) + " (its " + sparse_message::parameter_of(fault) + ")";
+    std::string what = fmt::format("Sparsifier<GTopK>: in merge round {}, rank {}"
+                       " rejected the message from rank {} (its {})", h->round, h->reporter, h->source, sparse_message::parameter_of(fault));
     if (own_peer >= 0) what += ": " + sparse_message::describe(own, k, off, off + n);
     else what += "; every rank stops this exchange.";
     throw parse_error(sparse_message::parameter_of(fault), what, fix_text());

@@ -20,7 +20,7 @@ namespace gflow::mpi::detail {
 inline std::string error_text(int code) {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;
-  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS || len <= 0) return "MPI error code " + std::to_string(code);
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS || len <= 0) return fmt::format("MPI error code {}", code);
   return std::string(buf, static_cast<std::size_t>(len));
 }
 

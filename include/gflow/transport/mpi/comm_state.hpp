@@ -13,6 +13,7 @@
 
 #include "../call_thread.hpp"
 #include "check.hpp"
+#include "../../error.hpp"
 
 namespace gflow::mpi::detail {
 
@@ -129,7 +130,7 @@ struct comm_state {
 
 inline std::string rank_list(const std::vector<int>& ranks) {
   std::string s;
-  for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}{}", (i ? ", " : ""), ranks[i]);
   return s;
 }
 

@@ -76,14 +76,14 @@ inline int get_count(const MPI_Status* st, MPI_Datatype t, count_t* c) { return 
 inline count_t count(std::size_t n, const char* op) {
 #if defined(MPI_VERSION) && MPI_VERSION >= 4
   if (n > static_cast<std::size_t>(std::numeric_limits<MPI_Count>::max()))
-    throw invalid_argument("count", std::string(op) + ": " + std::to_string(n) + " elements exceed MPI_Count.", "split the buffer.");
+    throw invalid_argument("count", fmt::format("{}: {} elements exceed MPI_Count.", op, n), "split the buffer.");
   return static_cast<MPI_Count>(n);
 #else
   if (n > static_cast<std::size_t>(INT_MAX))
     throw invalid_argument("count",
-                           std::string(op) + ": " + std::to_string(n) + " elements exceed INT_MAX (" + std::to_string(INT_MAX) +
-                               "), the largest count this MPI-" + std::to_string(MPI_VERSION) + "." + std::to_string(MPI_SUBVERSION) +
-                               " library accepts (its large-count _c functions need MPI 4).",
+                           fmt::format("{}: {} elements exceed INT_MAX ({}"
+                               "), the largest count this MPI-{}.{}"
+                               " library accepts (its large-count _c functions need MPI 4).", op, n, INT_MAX, MPI_VERSION, MPI_SUBVERSION),
                            "split the buffer into pieces of at most INT_MAX elements, or build against an MPI-4 library.");
   return static_cast<int>(n);
 #endif

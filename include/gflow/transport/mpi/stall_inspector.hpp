@@ -82,7 +82,7 @@ class stall_inspector {
   explicit stall_inspector(std::chrono::milliseconds timeout) : timeout_(timeout) {}
 
   [[nodiscard]] bool timed() const noexcept { return timeout_.count() > 0; }
-  [[nodiscard]] std::string where() const { return "on rank " + std::to_string(rank_) + " of " + std::to_string(size_); }
+  [[nodiscard]] std::string where() const { return fmt::format("on rank {} of {}", rank_, size_); }
   void check(int rc, const char* op) const {
     if (rc != MPI_SUCCESS) mpi::detail::check(rc, op, where());
   }
@@ -90,8 +90,8 @@ class stall_inspector {
 
   void refuse_if_broken(const char* op) const {
     if (!state_->broken.empty())
-      throw transport_error(op, "rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
-                                    ": this communicator was abandoned after a timeout (" + state_->broken + ").",
+      throw transport_error(op, fmt::format("rank {} of {}"
+                                    ": this communicator was abandoned after a timeout ({}).", rank_, size_, state_->broken),
                             "destroy this transport (and whatever uses it) and restart the job or its failed ranks: MPI cannot cancel "
                             "the collective that timed out.");
   }
@@ -117,9 +117,9 @@ class stall_inspector {
   }
 
   [[nodiscard]] std::string describe(const request& q) const {
-    std::string s = q.seq != no_seq ? "collective #" + std::to_string(q.seq) + " " : std::string();
-    s += std::string(q.op) + "(" + std::to_string(q.count) + " x " + std::string(to_string(q.type));
-    if (q.seq == no_seq) s += std::string(q.recv_type != MPI_DATATYPE_NULL ? ", from rank " : ", to rank ") + std::to_string(q.peer);
+    std::string s = q.seq != no_seq ? fmt::format("collective #{} ", q.seq) : std::string();
+    s += fmt::format("{}({} x {}", q.op, q.count, to_string(q.type));
+    if (q.seq == no_seq) s += fmt::format("{}{}", q.recv_type != MPI_DATATYPE_NULL ? ", from rank " : ", to rank ", q.peer);
     return s + ")";
   }
 
@@ -204,10 +204,10 @@ class stall_inspector {
 
   [[noreturn]] void fail_after_notice(const request& q, const notice& g, clock::duration waited) {
     const std::string missing = g.missing.empty() ? std::string("every rank had arrived") : "rank(s) " + rank_list(g.missing) + " had not arrived";
-    const std::string what = "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " waited " +
-                             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) + " ms in " + describe(q) +
-                             " until rank " + std::to_string(g.rank) + " gave up on it after its timeout; by then " + missing + ".";
-    state_->broken = "collective #" + std::to_string(q.seq) + " " + q.op + " given up by rank " + std::to_string(g.rank);
+    const std::string what = fmt::format("rank {} of {} waited "
+                             "{} ms in {}"
+                             " until rank {} gave up on it after its timeout; by then {}.", rank_, size_, std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(), describe(q), g.rank, missing);
+    state_->broken = fmt::format("collective #{} {} given up by rank {}", q.seq, q.op, g.rank);
     throw timeout_error(q.op, what, stall_fix());
   }
 
@@ -277,22 +277,22 @@ class stall_inspector {
         for (const auto& n : S.notices)
           if (n.rank == p && n.seq == q.seq) g = &n;
       if (collective && ((ans[i].got && v[1] > q.seq) || g != nullptr)) {
-        arrived += (arrived.empty() ? "" : ", ") + std::to_string(p);
+        arrived += fmt::format("{}{}", (arrived.empty() ? "" : ", "), p);
         continue;
       }
       missing.push_back(p);
-      details += (details.empty() ? "rank " : "; rank ") + std::to_string(p) + ": ";
+      details += fmt::format("{}{}: ", (details.empty() ? "rank " : "; rank "), p);
       if (!ans[i].got) {
-        details += "no answer within the " + std::to_string(grace().count()) + " ms grace period: computing outside gflow, stuck, or exited";
+        details += fmt::format("no answer within the {} ms grace period: computing outside gflow, stuck, or exited", grace().count());
         continue;
       }
-      details += "has started " + std::to_string(v[1]) + " collective(s) and is waiting in ";
-      if (v[2] == 1) details += "collective #" + std::to_string(v[3]) + " " + op_name(v[4]);
-      else if (v[2] == 2) details += std::string(op_name(v[4])) + " with rank " + std::to_string(static_cast<std::int64_t>(v[5]));
+      details += fmt::format("has started {} collective(s) and is waiting in ", v[1]);
+      if (v[2] == 1) details += fmt::format("collective #{} {}", v[3], op_name(v[4]));
+      else if (v[2] == 2) details += fmt::format("{} with rank {}", op_name(v[4]), static_cast<std::int64_t>(v[5]));
       else details += "nothing";
     }
-    std::string what = "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " waited " + std::to_string(timeout_.count()) +
-                       " ms for " + describe(q) + "; ";
+    std::string what = fmt::format("rank {} of {} waited {}"
+                       " ms for {}; ", rank_, size_, timeout_.count(), describe(q));
     if (missing.empty()) {
       what += "every rank arrived (" + arrived + "), but it did not complete (a very slow network or a huge message?).";
     } else {
@@ -304,8 +304,8 @@ class stall_inspector {
       for (int m : missing) note.push_back(static_cast<std::uint64_t>(m));
       for (int p : targets) S.post(p, tag_notice, note);
     }
-    S.broken = (collective ? "collective #" + std::to_string(q.seq) + " " : std::string()) + q.op + " timed out after " +
-               std::to_string(timeout_.count()) + " ms";
+    S.broken = fmt::format("{}{} timed out after "
+               "{} ms", (collective ? fmt::format("collective #{} ", q.seq) : std::string()), q.op, timeout_.count());
     throw timeout_error(q.op, what, stall_fix());
   }
 

@@ -52,7 +52,7 @@ class comm_watch {
   }
 
   [[nodiscard]] std::string who() const {
-    return "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (CUDA device " + std::to_string(device_) + ")";
+    return fmt::format("rank {} of {} (CUDA device {})", rank_, size_, device_);
   }
 
   void check(ncclResult_t r, const char* op) const {
@@ -109,10 +109,8 @@ class comm_watch {
   }
 
   [[noreturn]] void time_out(const char* op, std::uint64_t last_issued) {
-    const std::string what = who() + " waited " + std::to_string(timeout_.count()) + " ms for " + op + " (operation #" +
-                             std::to_string(last_issued) + " of this transport is the last one issued) to complete on its stream. NCCL "
-                             "cannot report which ranks did not arrive: a rank that never issued its part, exited, or is stuck in "
-                             "earlier work keeps every other rank waiting. The communicator was aborted (ncclCommAbort).";
+    const std::string what = fmt::format("{} waited {} ms for {} (operation #"
+                             "{} of this transport is the last one issued) to complete on its stream. NCCL cannot report which ranks did not arrive: a rank that never issued its part, exited, or is stuck in earlier work keeps every other rank waiting. The communicator was aborted (ncclCommAbort).", who(), timeout_.count(), op, last_issued);
     abort_comm(std::string("a timeout in ") + op);
     throw timeout_error(op, what,
                         "find the rank that reported no timeout or died (an MPI transport alongside names it); if the ranks are only "

@@ -1,0 +1,92 @@
+// bench/run sparse: Dense (Fusion at --threshold) against TopK and GTopK (selection over the whole
+// pool: no Fusion) and CSC on the same gradients, on MPI ranks or on in-process ranks (--transport
+// inproc: threads of one process). select_s is the exact top-k selection alone, comm_s = the
+// iteration minus select_s (derived, reported as such; sparse.hpp).
+// The schemes are run_sparse_on's list: to add one, add a measure_sparse line there (its
+// exchanger, the name in the table and the JSON, whether it selects, how to set its density).
+#include "sparse.hpp"
+
+#include <gflow/transport/inproc.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gflow_bench {
+
+namespace {
+
+template <class T>
+std::vector<sparse_result> run_sparse_on(T& t, const options& o, const gflow::Layout& l) {
+  using gflow::Exchanger;
+  using gflow::Sparsifier;
+  std::vector<sparse_result> rs;
+  rs.push_back(measure_sparse<Exchanger<gflow::Fusion<(4u << 20)>>>(t, o, l, "dense", 1.0, false, [&](auto& ex) { ex.set_fusion(o.threshold); }));
+  for (double d : o.densities) {
+    auto dens = [d](auto& ex) { ex.sparsifier().set_density(d); };
+    rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::TopK<0.01>>>>(t, o, l, "TopK", d, true, dens));
+    rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::GTopK<0.01>>>>(t, o, l, "GTopK", d, true, dens));
+    // CSC exchanges a whole percent of its 32K-element chunks: run it where d * 100 is whole.
+    const double pct = d * 100.0;
+    if (pct >= 1.0 && pct == std::floor(pct)) {
+      rs.push_back(measure_sparse<Exchanger<gflow::Fusion<(4u << 20)>, Sparsifier<gflow::CSC<32768, 15>>>>(
+          t, o, l, "CSC", d, false, [&](auto& ex) {
+            ex.set_fusion(o.threshold);
+            ex.sparsifier().set_percent(static_cast<unsigned>(pct));
+            ex.sparsifier().set_warmup(0, 0);  // iteration 0 is dense regardless: the warm-up iteration covers it
+          }));
+    }
+  }
+  return rs;
+}
+
+void report_sparse(const options& o, const std::vector<sparse_result>& rs, const std::string& layout_name, const gflow::Layout& l, int P) {
+  std::fprintf(stderr, "%-8s %9s %12s %12s %12s %12s %14s %8s\n", "variant", "density", "median_ms", "p10_ms", "p90_ms", "select_ms", "comm_ms", "vs_dense");
+  const double dense = rs.front().total.median;
+  for (const auto& r : rs) {
+    const double comm = r.total.median - r.select.median;
+    std::fprintf(stderr, "%-8s %9.4f %12.2f %12.2f %12.2f %12.2f %14.2f %8.3f\n", r.name.c_str(), r.density, r.total.median * 1e3, r.total.p10 * 1e3,
+                 r.total.p90 * 1e3, r.select.median * 1e3, comm * 1e3, r.total.median / dense);
+    std::printf(
+        "{\"suite\":\"sparse\",\"layout\":\"%s\",\"ranks\":%d,\"transport\":\"%s\",\"variant\":\"%s\",\"wire\":\"%s\","
+        "\"threshold_bytes\":%zu,\"density\":%.6g,\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"select_s\":%.9g,"
+        "\"comm_s\":%.9g,\"comm_s_derived\":true,\"bytes_per_rank\":%zu,\"pool_elements\":%zu,\"iterations\":%d}\n",
+        layout_name.c_str(), P, o.transport.c_str(), r.name.c_str(), o.wire.c_str(), r.name == "dense" ? o.threshold : std::size_t{0}, r.density,
+        r.total.median, r.total.p10, r.total.p90, r.select.median, comm, r.wire_bytes, l.total_numel(), o.iters);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_sparse_suite(const options& o, const gflow::Layout& l, const std::string& layout_name) {
+  int rank = 0, P = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  if (o.transport == "inproc") {
+    const int R = o.ranks > 0 ? o.ranks : 4;
+    if (P != 1) {
+      if (rank == 0) std::fprintf(stderr, "gflow_bench: --transport inproc runs its ranks as threads of one process (bench/run starts one)\n");
+      return 2;
+    }
+    std::fprintf(stderr, "gflow bench: suite sparse, layout %s, %d in-process ranks, %d+%d iterations\n", layout_name.c_str(), R, o.warmup, o.iters);
+    std::vector<sparse_result> rs;
+    gflow::inproc::run(R, [&](gflow::inproc::transport& t) {
+      auto mine = run_sparse_on(t, o, l);
+      if (t.rank() == 0) rs = std::move(mine);
+    }, std::chrono::minutes(10));
+    report_sparse(o, rs, layout_name, l, R);
+  } else {
+    if (rank == 0)
+      std::fprintf(stderr, "gflow bench: suite sparse, layout %s, %d MPI ranks, %d+%d iterations\n", layout_name.c_str(), P, o.warmup, o.iters);
+    gflow::mpi::transport t(MPI_COMM_WORLD);
+    auto rs = run_sparse_on(t, o, l);
+    if (rank == 0) report_sparse(o, rs, layout_name, l, P);
+  }
+  return 0;
+}
+
+}  // namespace gflow_bench

@@ -1,0 +1,67 @@
+#pragma once
+// One exchange (dense or sparse) measured on a transport, shared by the sparse and model suites:
+// the iteration's time (ready() on every tensor, then finish()), and for a selecting scheme the
+// exact top-k selection alone (kernels::select_topk_sampled over the pool, what the engines run),
+// timed on the same data in the same run; comm_s = the iteration minus select_s (derived).
+// layering: kernels/topk.hpp and plan/density.hpp: the selection is timed alone, with the engines'
+// own kernel at the engines' k, to split an iteration into selection and communication.
+#include "common.hpp"
+
+#include <gflow/kernels/topk.hpp>
+#include <gflow/plan/density.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace gflow_bench {
+
+struct sparse_result {
+  std::string name;
+  double density;
+  stats total, select;
+  std::size_t wire_bytes;
+};
+
+template <class E, class T, class Setup>
+sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, const char* name, double density, bool selects, Setup setup) {
+  typename E::template on<T> ex(t, l);
+  setup(ex);
+  const std::size_t total = l.total_numel();
+  std::vector<float> fresh(total);
+  for (std::size_t i = 0; i < total; ++i)
+    fresh[i] = static_cast<float>(((i * 2654435761u + static_cast<std::size_t>(t.rank()) * 40503u) % 20011)) / 10000.0f - 1.0f;
+  const std::size_t k = gflow::plan::k_for(density, total);
+  gflow::kernels::topk_workspace ws;
+  if (selects) ws.reserve(total, k);
+  std::vector<std::uint64_t> picked(selects ? k : 0);
+  std::vector<double> tt, st;
+  std::size_t bytes = 0;
+  for (int it = 0; it < o.warmup + o.iters; ++it) {
+    std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float));
+    t.barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t q = l.size(); q-- > 0;) ex.ready(q);
+    auto status = ex.finish();
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bytes = status.wire_bytes;
+    double ds = 0;
+    if (selects) {
+      t.barrier();
+      auto s0 = std::chrono::steady_clock::now();
+      (void)gflow::kernels::select_topk_sampled(fresh.data(), total, k, 0, picked.data(), ws);  // the engines' selection
+      ds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    }
+    t.all_reduce(&dt, 1, gflow::reduce_op::max);
+    t.all_reduce(&ds, 1, gflow::reduce_op::max);
+    if (it >= o.warmup) {
+      tt.push_back(dt);
+      st.push_back(ds);
+    }
+  }
+  return {name, density, summarize(tt), summarize(st), bytes};
+}
+
+}  // namespace gflow_bench
