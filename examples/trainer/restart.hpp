@@ -6,6 +6,8 @@
 // when the job size differs, and prints what the re-shard conserved. --fault-rank / --fault-at
 // make a rank exit without MPI_Finalize (the restart tests); the survivors report their
 // timeout_error.
+// layering: gflow::detail::read_set (support/reshard.hpp): --resume on another size sums the old
+// set's residuals itself to print what the re-shard conserved (the RESHARD line the restart tests check).
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -60,9 +62,9 @@ auto report_timeouts(const options& o, int rank, std::uint64_t done, Fn&& fn) ->
 /// A model file: an 8-byte magic and the iteration, then the trainer's arrays (checksummed by
 /// gflow's checkpoint writer), written through a temporary file and a rename.
 inline void write_model_file(const std::filesystem::path& file, const char (&magic)[9], std::uint64_t iteration,
-                             const std::function<void(gflow::detail::checkpoint_writer&)>& body) {
+                             const std::function<void(gflow::checkpoint_writer&)>& body) {
   std::ostringstream os(std::ios::binary);
-  gflow::detail::checkpoint_writer w(os);
+  gflow::checkpoint_writer w(os);
   w.bytes(magic, 8);
   w.u64(iteration);
   body(w);
@@ -72,10 +74,10 @@ inline void write_model_file(const std::filesystem::path& file, const char (&mag
 
 /// Reads a model file written by write_model_file for `iteration`; body reads the arrays.
 inline void read_model_file(const std::filesystem::path& file, const char (&magic)[9], std::uint64_t iteration,
-                            const std::function<void(gflow::detail::checkpoint_reader&)>& body) {
+                            const std::function<void(gflow::checkpoint_reader&)>& body) {
   std::ifstream in(file, std::ios::binary);
   if (!in) throw gflow::invalid_argument("--resume", "the set has no model file '" + file.string() + "'.", "pass a directory this trainer wrote.");
-  gflow::detail::checkpoint_reader r(in);
+  gflow::checkpoint_reader r(in);
   char m[8];
   r.bytes(m, 8, "the model file's magic");
   if (std::string(m, 8) != std::string(magic, 8)) r.fail("model", "'" + file.string() + "' does not start with " + std::string(magic, 8) + ".");
@@ -170,7 +172,7 @@ void save_training_checkpoint(const Ex& ex, const options& o, std::span<const fl
   const std::filesystem::path dir = gflow::checkpoint_set_dir(o.checkpoint_dir, ex.iteration());
   if (ex.transport().rank() == 0) {
     std::filesystem::create_directories(dir);
-    write_model_file(dir / model_file_name, "GFTRAINR", ex.iteration(), [&](gflow::detail::checkpoint_writer& wr) {
+    write_model_file(dir / model_file_name, "GFTRAINR", ex.iteration(), [&](gflow::checkpoint_writer& wr) {
       wr.array(w.data(), w.size());
       wr.array(opt.velocity().data(), opt.velocity().size());
       wr.f32(scaler.scale());
@@ -192,7 +194,7 @@ std::uint64_t resume_training(Ex& ex, const options& o, std::span<float> w, gflo
   float scale = 0;
   std::uint32_t good = 0;
   std::uint64_t skipped = 0;
-  read_model_file(s.dir / model_file_name, "GFTRAINR", s.start, [&](gflow::detail::checkpoint_reader& rd) {
+  read_model_file(s.dir / model_file_name, "GFTRAINR", s.start, [&](gflow::checkpoint_reader& rd) {
     rd.array_exact(wv, w.size(), "the parameters");
     rd.array_exact(vel, opt.velocity().size(), "the velocity");
     scale = rd.f32("the loss scale");
