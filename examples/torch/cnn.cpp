@@ -322,7 +322,7 @@ class cnn_session {
                                "leave out the options that add or skip exchanges (--probe, --uneven) in runs with checkpoints.");
     const std::filesystem::path dir = gflow::checkpoint_set_dir(o_.checkpoint_dir, port_->iteration());
     std::filesystem::create_directories(dir);
-    write_model_file(model_file(dir, comm_.rank()), "GFTORCHR", port_->iteration(), [&](gflow::detail::checkpoint_writer& w) {
+    write_model_file(model_file(dir, comm_.rank()), "GFTORCHR", port_->iteration(), [&](gflow::checkpoint_writer& w) {
       const std::span<float> wt = weights();
       w.array(wt.data(), wt.size());
       for (const torch::Tensor& b : float_buffers()) {
@@ -361,7 +361,7 @@ class cnn_session {
     std::uint32_t good = 0;
     std::uint64_t skipped = 0;
     const std::vector<torch::Tensor> buffers = float_buffers();
-    read_model_file(model_file(set.dir, comm_.rank() % set.saved_ranks), "GFTORCHR", set.start, [&](gflow::detail::checkpoint_reader& r) {
+    read_model_file(model_file(set.dir, comm_.rank() % set.saved_ranks), "GFTORCHR", set.start, [&](gflow::checkpoint_reader& r) {
       r.array_exact(wv, weights().size(), "the parameters");
       for (const torch::Tensor& b : buffers) r.array_exact(bufs.emplace_back(), static_cast<std::size_t>(b.numel()), "a batch-norm buffer");
       if (csc_opt_) {
