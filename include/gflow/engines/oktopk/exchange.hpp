@@ -293,7 +293,8 @@ auto oktopk_engine<Ctx, Density>::read_state(checkpoint_reader& r) const -> save
     unit_state us;
     us.local_thr = r.f32("a local threshold");
     us.global_thr = r.f32("a global threshold");
-    for (const float th : {us.local_thr, us.global_thr})
+    const float ths[2] = {us.local_thr, us.global_thr};  // (a braced list in the range-for trips nvcc's front end)
+    for (const float th : ths)
       if (!(std::isfinite(th) && (th >= 0.0f || th == -1.0f)))
         r.fail("threshold", "unit " + std::to_string(u) + " has threshold " + std::to_string(th) + " (finite and >= 0, or -1 for not estimated, expected).");
     const std::size_t n = fused_ ? (*cx_->buckets)[static_cast<std::size_t>(u)].count : cx_->pool->total;
