@@ -8,6 +8,7 @@
 #include <gflow/transport/inproc.hpp>
 #include <gflow/transport/mock.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -418,4 +419,28 @@ TEST_CASE("parameters: OkTopK rejects periods of 0 and adaptation factors or cap
   p.capacity = 0.5;
   CHECK(subject(p) == "capacity");
   CHECK(subject({}) == "none");
+}
+
+TEST_CASE("schedules and views: OkTopK's k follows the density schedule; selected() is this rank's selection, exchanged() the result") {
+  auto l = Layout::from_sizes({1000});
+  std::vector<std::size_t> ks(6);
+  inproc::run(2, [&](inproc::transport& t) {
+    on_inproc<Exchanger<Sparsifier<OkTopK<0.01>>>> ex(t, l);
+    ex.sparsifier().set_schedule(plan::density_schedule::per_iteration({{2, 0.1}, {4, 0.05}}, 0.01));
+    for (int it = 0; it < 6; ++it) {
+      for (std::size_t i = 0; i < 1000; ++i) ex.pool_data()[i] = grad(0, t.rank(), i, it);
+      ex.ready(0);
+      (void)ex.finish();
+      const auto sel = ex.sparsifier().selected();
+      const auto xs = ex.sparsifier().exchanged();
+      CHECK(std::is_sorted(sel.begin(), sel.end()));
+      CHECK(sel.size() <= 2 * ex.sparsifier().k());
+      for (std::size_t i = 0; i < 1000; ++i) {  // the pool is non-zero exactly at exchanged()
+        const bool in = std::binary_search(xs.begin(), xs.end(), static_cast<std::uint64_t>(i));
+        if (!in) CHECK(ex.pool_data()[i] == 0.0f);
+      }
+      if (t.rank() == 0) ks[static_cast<std::size_t>(it)] = ex.sparsifier().k();
+    }
+  });
+  CHECK(ks == std::vector<std::size_t>{100, 100, 50, 50, 10, 10});
 }
