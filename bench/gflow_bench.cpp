@@ -23,9 +23,11 @@
 #include <gflow/transport/inproc.hpp>
 #include <gflow/transport/mpi.hpp>
 
+#include "sparse_oktopk.hpp"
 #include "suites.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -857,6 +859,8 @@ struct sparse_result {
   double density;
   stats total, select;
   std::size_t wire_bytes;
+  std::size_t entries = 0;                   // entries in the result (sparse_oktopk.hpp)
+  std::array<std::size_t, 3> reest{};        // OkTopK's re-estimations over the measured iterations
 };
 
 template <class E, class T, class Setup>
@@ -872,7 +876,8 @@ sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, con
   if (selects) ws.reserve(total, k);
   std::vector<std::uint64_t> picked(selects ? k : 0);
   std::vector<double> tt, st;
-  std::size_t bytes = 0;
+  std::size_t bytes = 0, entries = 0;
+  std::array<std::size_t, 3> reest{};
   for (int it = 0; it < o.warmup + o.iters; ++it) {
     std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float));
     t.barrier();
@@ -881,6 +886,9 @@ sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, con
     auto status = ex.finish();
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     bytes = status.wire_bytes;
+    entries = gflow_bench::result_entries(ex, total);
+    if (it >= o.warmup)
+      for (std::size_t j = 0; j < 3; ++j) reest[j] += gflow_bench::reestimations(ex)[j];
     double ds = 0;
     if (selects) {
       t.barrier();
@@ -895,7 +903,7 @@ sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, con
       st.push_back(ds);
     }
   }
-  return {name, density, summarize(tt), summarize(st), bytes};
+  return {name, density, summarize(tt), summarize(st), bytes, entries, reest};
 }
 
 template <class T>
@@ -909,6 +917,7 @@ std::vector<sparse_result> run_sparse_on(T& t, const options& o, const gflow::La
     auto dens = [d](auto& ex) { ex.sparsifier().set_density(d); };
     rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::TopK<0.01>>>>(t, o, l, "TopK", d, true, dens));
     rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::GTopK<0.01>>>>(t, o, l, "GTopK", d, true, dens));
+    rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::OkTopK<0.01>>>>(t, o, l, "OkTopK", d, true, dens));
     // CSC exchanges a whole percent of its 32K-element chunks: run it where d * 100 is whole.
     const double pct = d * 100.0;
     if (pct >= 1.0 && pct == std::floor(pct)) {
@@ -934,9 +943,11 @@ void report_sparse(const options& o, const std::vector<sparse_result>& rs, const
     std::printf(
         "{\"suite\":\"sparse\",\"layout\":\"%s\",\"ranks\":%d,\"transport\":\"%s\",\"variant\":\"%s\",\"wire\":\"%s\","
         "\"threshold_bytes\":%zu,\"density\":%.6g,\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"select_s\":%.9g,"
-        "\"comm_s\":%.9g,\"comm_s_derived\":true,\"bytes_per_rank\":%zu,\"pool_elements\":%zu,\"iterations\":%d}\n",
+        "\"comm_s\":%.9g,\"comm_s_derived\":true,\"bytes_per_rank\":%zu,\"sent_bytes_per_rank\":%.0f,\"result_entries\":%zu,"
+        "\"exact_local\":%zu,\"boundary_estimates\":%zu,\"exact_global\":%zu,\"pool_elements\":%zu,\"iterations\":%d}\n",
         layout_name.c_str(), P, o.transport.c_str(), r.name.c_str(), o.wire.c_str(), r.name == "dense" ? o.threshold : std::size_t{0}, r.density,
-        r.total.median, r.total.p10, r.total.p90, r.select.median, comm, r.wire_bytes, l.total_numel(), o.iters);
+        r.total.median, r.total.p10, r.total.p90, r.select.median, comm, r.wire_bytes, gflow_bench::sent_bytes(r.name, r.wire_bytes, P), r.entries,
+        r.reest[0], r.reest[1], r.reest[2], l.total_numel(), o.iters);
   }
   std::fflush(stdout);
 }
@@ -1181,6 +1192,10 @@ void run_model_suite(const options& o, const gflow::Layout& l, const std::string
     checks.push_back({"topk_" + std::to_string(d).substr(0, 5), a.total.median - a.select.median, em.topk(P, k, 8, total), m.topk(P, k, 8)});
     auto g = measure_sparse<Exchanger<Sparsifier<gflow::GTopK<0.01>>>>(tr, so, l, "GTopK", d, true, dens);
     checks.push_back({"gtopk_" + std::to_string(d).substr(0, 5), g.total.median - g.select.median, em.gtopk(P, k, 8, total), m.gtopk(P, k, 8)});
+    // OkTopK's selection is its own threshold pass (about one accumulation pass), so its whole time is checked.
+    auto ok = measure_sparse<Exchanger<Sparsifier<gflow::OkTopK<0.01>>>>(tr, so, l, "OkTopK", d, false, dens);
+    checks.push_back({"oktopk_" + std::to_string(d).substr(0, 5), ok.total.median, em.oktopk(P, k, 8, total) + em.local.accumulate * static_cast<double>(total),
+                      m.oktopk(P, k, 8)});
   }
   {
     auto c = measure_sparse<Exchanger<gflow::Fusion<(4u << 20)>, Sparsifier<gflow::CSC<32768, 15>>>>(tr, so, l, "CSC", 0.01, false, [&](auto& ex) {
@@ -1201,15 +1216,19 @@ void run_model_suite(const options& o, const gflow::Layout& l, const std::string
                 layout_name.c_str(), P, c.name.c_str(), c.measured, c.predicted, err, c.comm, cerr);
   }
   // ---- predictions beyond this machine ------------------------------------------------------------
-  std::fprintf(stderr, "%6s %12s %12s %12s %12s %12s %12s\n", "P", "dense_ms", "hier8_ms", "topk1%_ms", "gtopk1%_ms", "gtopk.1%_ms", "csc1%_ms");
+  std::fprintf(stderr, "%6s %12s %12s %12s %12s %12s %12s %12s %12s\n", "P", "dense_ms", "hier8_ms", "topk1%_ms", "gtopk1%_ms", "gtopk.1%_ms", "oktopk1%_ms",
+               "oktopk.1%_ms", "csc1%_ms");
   const std::size_t k1 = pl::k_for(0.01, total), k01 = pl::k_for(0.001, total);
   for (int q = 2; q <= 1024; q *= 2) {
     const double dn = em.dense(q, bucket_bytes, total), hi = em.hierarchical(q, 8, bucket_bytes, total), tk = em.topk(q, k1, 8, total),
-                 gk = em.gtopk(q, k1, 8, total), gk01 = em.gtopk(q, k01, 8, total), cs = em.csc(q, total, 32768, 0.01, 4);
-    std::fprintf(stderr, "%6d %12.2f %12.2f %12.2f %12.2f %12.2f %12.2f\n", q, dn * 1e3, hi * 1e3, tk * 1e3, gk * 1e3, gk01 * 1e3, cs * 1e3);
+                 gk = em.gtopk(q, k1, 8, total), gk01 = em.gtopk(q, k01, 8, total), cs = em.csc(q, total, 32768, 0.01, 4),
+                 ok = em.oktopk(q, k1, 8, total), ok01 = em.oktopk(q, k01, 8, total);
+    std::fprintf(stderr, "%6d %12.2f %12.2f %12.2f %12.2f %12.2f %12.2f %12.2f %12.2f\n", q, dn * 1e3, hi * 1e3, tk * 1e3, gk * 1e3, gk01 * 1e3, ok * 1e3,
+                 ok01 * 1e3, cs * 1e3);
     std::printf("{\"suite\":\"model\",\"row\":\"predict\",\"layout\":\"%s\",\"fitted_at_ranks\":%d,\"ranks\":%d,\"dense_s\":%.9g,\"hierarchical8_s\":%.9g,"
-                "\"topk_0.01_s\":%.9g,\"gtopk_0.01_s\":%.9g,\"topk_0.001_s\":%.9g,\"gtopk_0.001_s\":%.9g,\"csc_1pct_s\":%.9g}\n",
-                layout_name.c_str(), P, q, dn, hi, tk, gk, em.topk(q, k01, 8, total), gk01, cs);
+                "\"topk_0.01_s\":%.9g,\"gtopk_0.01_s\":%.9g,\"topk_0.001_s\":%.9g,\"gtopk_0.001_s\":%.9g,\"oktopk_0.01_s\":%.9g,\"oktopk_0.001_s\":%.9g,"
+                "\"csc_1pct_s\":%.9g}\n",
+                layout_name.c_str(), P, q, dn, hi, tk, gk, em.topk(q, k01, 8, total), gk01, ok, ok01, cs);
   }
   std::fflush(stdout);
 }
