@@ -444,3 +444,51 @@ TEST_CASE("schedules and views: OkTopK's k follows the density schedule; selecte
   });
   CHECK(ks == std::vector<std::size_t>{100, 100, 50, 50, 10, 10});
 }
+
+TEST_CASE("local selection over capacity: the exact top-k is taken among the candidates (no second pass), as the reference's brute force") {
+  // k = n/100 steady entries; from iteration 2 on, 2k more entries above the threshold each
+  // iteration (3k candidates: over the capacity 2k, within the 8k candidate buffer); iteration 5
+  // floods 39k entries of 100 (beyond the buffer: the full radix select runs).
+  auto l = Layout::from_sizes({5000});
+  auto gfn = [](int r, std::size_t i, int it) {
+    const float base = steady(r, i, it);
+    if (it >= 2 && (i % 100 == 50 || i % 100 == 51)) return 1.5f + 0.001f * static_cast<float>(i % 7);
+    if (it == 5 && i % 100 > 60) return 100.0f + 0.01f * static_cast<float>(i % 5);
+    return base;
+  };
+  const int P = 3, iters = 7;
+  const auto prm = short_periods();
+  std::vector<std::size_t> local(iters), second(iters);
+  auto tr = run_ranks<Exchanger<Sparsifier<OkTopK<0.01>>>>(P, l, iters, gfn, [&](auto& ex) { ex.sparsifier().set_params(prm); });
+  inproc::run(P, [&](inproc::transport& t) {  // the counters, on the same data
+    on_inproc<Exchanger<Sparsifier<OkTopK<0.01>>>> ex(t, l);
+    ex.sparsifier().set_params(prm);
+    for (int it = 0; it < iters; ++it) {
+      for (std::size_t i = 0; i < 5000; ++i) ex.pool_data()[i] = gfn(t.rank(), i, it);
+      ex.ready(0);
+      (void)ex.finish();
+      if (t.rank() == 0) {
+        local[static_cast<std::size_t>(it)] = ex.sparsifier().reestimated().local;
+        second[static_cast<std::size_t>(it)] = ex.sparsifier().reestimated().second_pass;
+      }
+    }
+  });
+  oktopk_reference<float> ref(P, true, prm, {{0, 5000}}, 5000);
+  for (int it = 0; it < iters; ++it) {
+    std::vector<std::vector<float>> g(P, std::vector<float>(5000));
+    for (int q = 0; q < P; ++q)
+      for (std::size_t i = 0; i < 5000; ++i) g[static_cast<std::size_t>(q)][i] = gfn(q, i, it);
+    ref.step(g, 0.01, static_cast<std::uint64_t>(it));
+    for (int q = 0; q < P; ++q) {
+      CAPTURE(it);
+      CAPTURE(q);
+      REQUIRE(same_bits(tr.result[it][q], ref.result));
+      REQUIRE(same_bits(tr.residual[it][q], ref.res[static_cast<std::size_t>(q)]));
+    }
+  }
+  CHECK(local[1] == 0);  // the threshold selection
+  CHECK(local[2] == 1);  // over capacity: exact among the candidates
+  CHECK(second[2] == 0);
+  CHECK(local[5] == 1);  // flooded: the full radix select
+  CHECK(second[5] == 1);
+}

@@ -11,9 +11,10 @@
 // Per selection unit of n elements (each fused bucket, else the whole pool), k = k_for(d, n):
 //   1. Local selection, one pass: G = g + residual into the residual; the indices with
 //      |G| >= the unit's local threshold (at most capacity * k; zeros never). Every
-//      threshold_period iterations (and on first use, and when the threshold selection would
-//      exceed its capacity) the exact top-k instead (TopK's selection), which re-estimates the
-//      threshold as the smallest |G| it selected. In between the threshold adapts: / local_adapt
+//      threshold_period iterations (and on first use) the exact top-k instead (TopK's
+//      selection), which re-estimates the threshold as the smallest |G| it selected; a threshold
+//      selection over its capacity takes the exact top-k among its candidates (no second pass
+//      while they fit 4 x capacity, a full radix select beyond). In between the threshold adapts: / local_adapt
 //      when fewer than 2k/3 were selected, x local_adapt above 5k/4. The selected values are
 //      taken in the wire type (16-bit wire with averaging: divided by P first; the rounding stays
 //      in the residual), exactly as TopK does.

@@ -79,6 +79,7 @@ class oktopk_engine {
     std::size_t local = 0;     // exact local top-k (period, first use, or a threshold selection over capacity)
     std::size_t boundary = 0;  // boundary re-estimations (one all_reduce of P - 1 offsets each)
     std::size_t global = 0;    // exact global top-k (every reduced entry all-gathered)
+    std::size_t second_pass = 0;  // threshold selections so far over capacity that a full radix select ran after them
   };
 
   explicit oktopk_engine(Ctx& cx) : cx_(&cx), schedule_(plan::density_schedule::constant(Density)) {
@@ -230,30 +231,48 @@ class oktopk_engine {
 
   // Local selection, one pass: G = g + residual into the residual, and the indices of |G| at or
   // above the local threshold (at most capacity * k). Exact top-k (accumulate_select_topk) when
-  // the period says so, on first use, and when the threshold selection runs over its capacity.
-  // Returns the count; mine_idx holds the indices, increasing.
+  // the period says so and on first use. When the threshold selection runs over its capacity,
+  // the exact top-k is taken among the candidates it gathered (up to 4 x capacity: every element
+  // at or above the threshold is one, so the k largest are among them), without another pass;
+  // only beyond that a full radix select of the G already stored (reestimations::second_pass).
+  // Returns the count; the indices, increasing, are in idx_buf<I>().
   template <class I>
   std::size_t select(unit_state& us, std::size_t off, std::size_t n, std::size_t k) {
     std::vector<I>& idx = idx_buf<I>();
     const std::size_t cap = std::max<std::size_t>(k, static_cast<std::size_t>(std::ceil(params_.capacity * static_cast<double>(k))));
-    idx.resize(std::max(cap, k));
+    const std::size_t ccap = 4 * cap;  // candidates gathered before a second pass is needed
+    idx.resize(ccap);
     const float* g = cx_->grads + off;
     float* res = residual_.data() + off;
     bool exact = us.local_thr < 0.0f || due(params_.threshold_period);
     std::size_t cnt = 0;
     if (!exact) {
       const std::uint32_t tk = std::max<std::uint32_t>(kernels::magnitude_key(us.local_thr), 1u);  // zeros are never selected
-      bool over = false;
       for (std::size_t i = 0; i < n; ++i) {
         const float v = g[i] + res[i];
         res[i] = v;
         if (kernels::magnitude_key(v) >= tk) {
-          if (cnt < cap) idx[cnt++] = static_cast<I>(off + i);
-          else over = true;
+          if (cnt < ccap) idx[cnt] = static_cast<I>(off + i);
+          ++cnt;
         }
       }
-      if (over) {  // the threshold is far too low: exact top-k of the G already in the residual
+      if (cnt > cap && cnt <= ccap) {  // the threshold is too low: the exact top-k among the candidates
+        cand_keys_.resize(cnt);
+        for (std::size_t j = 0; j < cnt; ++j) cand_keys_[j] = kernels::magnitude_key(residual_[static_cast<std::size_t>(idx[j])]);
+        const kernels::threshold t = kernels::radix_threshold_keys(cand_keys_.data(), cnt, k, ws_.keys.data());
+        std::size_t take = t.take, m = 0;
+        for (std::size_t j = 0; j < cnt; ++j) {
+          const std::uint32_t key = cand_keys_[j];
+          if (key > t.key || (key == t.key && take > 0)) {
+            if (key == t.key) --take;
+            idx[m++] = idx[j];
+          }
+        }
+        cnt = m;
+        exact = true;
+      } else if (cnt > ccap) {  // far too low: exact top-k of the G already in the residual
         cnt = kernels::select_topk(res, n, k, off, idx.data(), ws_.keys.data());
+        ++reest_.second_pass;
         exact = true;
       }
     } else {
@@ -298,6 +317,7 @@ class oktopk_engine {
   std::vector<unit_state> units_;
   std::vector<std::uint32_t> idx32_;
   std::vector<std::uint64_t> idx64_;
+  std::vector<std::uint32_t> cand_keys_;  // the over-capacity candidates' keys
   std::vector<std::uint64_t> selected_, exchanged_;
   // per-unit scratch (host; grown as needed, kept between iterations)
   std::vector<W> mine_val_;
