@@ -860,7 +860,7 @@ struct sparse_result {
   stats total, select;
   std::size_t wire_bytes;
   std::size_t entries = 0;                   // entries in the result (sparse_oktopk.hpp)
-  std::array<std::size_t, 3> reest{};        // OkTopK's re-estimations over the measured iterations
+  std::array<std::size_t, 4> reest{};        // OkTopK's re-estimations over the measured iterations
 };
 
 template <class E, class T, class Setup>
@@ -877,7 +877,7 @@ sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, con
   std::vector<std::uint64_t> picked(selects ? k : 0);
   std::vector<double> tt, st;
   std::size_t bytes = 0, entries = 0;
-  std::array<std::size_t, 3> reest{};
+  std::array<std::size_t, 4> reest{};
   for (int it = 0; it < o.warmup + o.iters; ++it) {
     std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float));
     t.barrier();
@@ -888,7 +888,7 @@ sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, con
     bytes = status.wire_bytes;
     entries = gflow_bench::result_entries(ex, total);
     if (it >= o.warmup)
-      for (std::size_t j = 0; j < 3; ++j) reest[j] += gflow_bench::reestimations(ex)[j];
+      for (std::size_t j = 0; j < 4; ++j) reest[j] += gflow_bench::reestimations(ex)[j];
     double ds = 0;
     if (selects) {
       t.barrier();
@@ -944,10 +944,10 @@ void report_sparse(const options& o, const std::vector<sparse_result>& rs, const
         "{\"suite\":\"sparse\",\"layout\":\"%s\",\"ranks\":%d,\"transport\":\"%s\",\"variant\":\"%s\",\"wire\":\"%s\","
         "\"threshold_bytes\":%zu,\"density\":%.6g,\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"select_s\":%.9g,"
         "\"comm_s\":%.9g,\"comm_s_derived\":true,\"bytes_per_rank\":%zu,\"sent_bytes_per_rank\":%.0f,\"result_entries\":%zu,"
-        "\"exact_local\":%zu,\"boundary_estimates\":%zu,\"exact_global\":%zu,\"pool_elements\":%zu,\"iterations\":%d}\n",
+        "\"exact_local\":%zu,\"boundary_estimates\":%zu,\"exact_global\":%zu,\"second_passes\":%zu,\"pool_elements\":%zu,\"iterations\":%d}\n",
         layout_name.c_str(), P, o.transport.c_str(), r.name.c_str(), o.wire.c_str(), r.name == "dense" ? o.threshold : std::size_t{0}, r.density,
         r.total.median, r.total.p10, r.total.p90, r.select.median, comm, r.wire_bytes, gflow_bench::sent_bytes(r.name, r.wire_bytes, P), r.entries,
-        r.reest[0], r.reest[1], r.reest[2], l.total_numel(), o.iters);
+        r.reest[0], r.reest[1], r.reest[2], r.reest[3], l.total_numel(), o.iters);
   }
   std::fflush(stdout);
 }

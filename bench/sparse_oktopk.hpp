@@ -9,8 +9,8 @@
 //                        tree sends plus one broadcast message (wire_bytes already counts both);
 //                        OkTopK's own count (wire_bytes: every round, see engines/oktopk/engine.hpp);
 //                        CSC's two ring allreduces 2 (P-1)/P of what it hands over
-//   reestimations(ex)    OkTopK: (exact local selections, boundary estimates, exact global top-k)
-//                        of the last iteration; zeros for the others
+//   reestimations(ex)    OkTopK: (exact local selections, boundary estimates, exact global top-k,
+//                        full second passes) of the last iteration; zeros for the others
 #include <array>
 #include <cstddef>
 #include <string>
@@ -32,12 +32,12 @@ inline double sent_bytes(const std::string& name, std::size_t wire_bytes, int P)
 }
 
 template <class Ex>
-std::array<std::size_t, 3> reestimations(const Ex& ex) {
+std::array<std::size_t, 4> reestimations(const Ex& ex) {
   if constexpr (requires { ex.sparsifier().reestimated(); }) {
     const auto r = ex.sparsifier().reestimated();
-    return {r.local, r.boundary, r.global};
+    return {r.local, r.boundary, r.global, r.second_pass};
   } else {
-    return {0, 0, 0};
+    return {0, 0, 0, 0};
   }
 }
 
