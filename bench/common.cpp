@@ -25,7 +25,7 @@ namespace gflow_bench {
                "                          timed in interleaved rounds (--iters / 3 rounds of 1 + 3 iterations each);\n"
                "                          hybrid: Hybrid<1 MiB, 2> with the switch at all-ring / 1 MiB / all-hierarchical, tuned too)\n"
                "       bench/run model [--ranks N] [--layout L] [--reps N]       (alpha-beta fit, predictions P = 2..1024, error at N)\n"
-               "       bench/run sparse [--ranks N] [--layout L] [--density 0.001,0.01] [--transport mpi|inproc]\n"
+               "       bench/run sparse [--ranks N] [--layout L] [--density 0.001,0.01] [--transport mpi|inproc] [--gradients repeated|fresh]\n"
                "       bench/run kernels [--layout L1,L2 (default resnet50,gpt2_small)] [--iters N] [--warmup N]\n",
                why.c_str());
   MPI_Abort(MPI_COMM_WORLD, 2);
@@ -98,6 +98,11 @@ options parse(int argc, char** argv) {
         p0 = c + 1;
       }
     } else if (a == "--transport") o.transport = next();
+    else if (a == "--gradients") {
+      const std::string g = next();
+      if (g != "repeated" && g != "fresh") usage("--gradients must be repeated (the same values every iteration) or fresh (new ones every iteration), got '" + g + "'");
+      o.fresh_gradients = g == "fresh";
+    }
     else if (a == "--topology") {
       const std::string v = next();
       if (v == "all") o.topologies = true;

@@ -29,6 +29,7 @@ struct options {
   double compute_ratio = 1.5;  // overlap: simulated backward time / measured exchange time
   std::vector<double> densities{0.001, 0.01};  // sparse
   std::string transport = "mpi";               // sparse: mpi or inproc
+  bool fresh_gradients = false;                // sparse/model: --gradients fresh (new values every iteration)
   bool topologies = false;                     // exchange: also Hierarchical<2|4> and Hybrid
   bool hybrid = false;                         // overlap --autotune --topology hybrid: Hybrid<1 MiB, 2>, switch tuned too
   int ranks = 0;                               // inproc: thread ranks

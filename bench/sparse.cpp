@@ -1,4 +1,4 @@
-// bench/run sparse: Dense (Fusion at --threshold) against TopK and GTopK (selection over the whole
+// bench/run sparse: Dense (Fusion at --threshold) against TopK, GTopK and OkTopK (selection over the whole
 // pool: no Fusion) and CSC on the same gradients, on MPI ranks or on in-process ranks (--transport
 // inproc: threads of one process). select_s is the exact top-k selection alone, comm_s = the
 // iteration minus select_s (derived, reported as such; sparse.hpp).
@@ -29,6 +29,7 @@ std::vector<sparse_result> run_sparse_on(T& t, const options& o, const gflow::La
     auto dens = [d](auto& ex) { ex.sparsifier().set_density(d); };
     rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::TopK<0.01>>>>(t, o, l, "TopK", d, true, dens));
     rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::GTopK<0.01>>>>(t, o, l, "GTopK", d, true, dens));
+    rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::OkTopK<0.01>>>>(t, o, l, "OkTopK", d, true, dens));
     // CSC exchanges a whole percent of its 32K-element chunks: run it where d * 100 is whole.
     const double pct = d * 100.0;
     if (pct >= 1.0 && pct == std::floor(pct)) {
@@ -44,18 +45,22 @@ std::vector<sparse_result> run_sparse_on(T& t, const options& o, const gflow::La
 }
 
 void report_sparse(const options& o, const std::vector<sparse_result>& rs, const std::string& layout_name, const gflow::Layout& l, int P) {
-  std::fprintf(stderr, "%-8s %9s %12s %12s %12s %12s %14s %8s\n", "variant", "density", "median_ms", "p10_ms", "p90_ms", "select_ms", "comm_ms", "vs_dense");
+  std::fprintf(stderr, "%-8s %9s %12s %12s %12s %12s %14s %8s %12s %9s\n", "variant", "density", "median_ms", "p10_ms", "p90_ms", "select_ms", "comm_ms",
+               "vs_dense", "sent_KB", "entries");
   const double dense = rs.front().total.median;
   for (const auto& r : rs) {
     const double comm = r.total.median - r.select.median;
-    std::fprintf(stderr, "%-8s %9.4f %12.2f %12.2f %12.2f %12.2f %14.2f %8.3f\n", r.name.c_str(), r.density, r.total.median * 1e3, r.total.p10 * 1e3,
-                 r.total.p90 * 1e3, r.select.median * 1e3, comm * 1e3, r.total.median / dense);
+    const double sent = sent_bytes(r.name, r.wire_bytes, P);
+    std::fprintf(stderr, "%-8s %9.4f %12.2f %12.2f %12.2f %12.2f %14.2f %8.3f %12.1f %9zu\n", r.name.c_str(), r.density, r.total.median * 1e3,
+                 r.total.p10 * 1e3, r.total.p90 * 1e3, r.select.median * 1e3, comm * 1e3, r.total.median / dense, sent / 1e3, r.entries);
     std::printf(
         "{\"suite\":\"sparse\",\"layout\":\"%s\",\"ranks\":%d,\"transport\":\"%s\",\"variant\":\"%s\",\"wire\":\"%s\","
         "\"threshold_bytes\":%zu,\"density\":%.6g,\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"select_s\":%.9g,"
-        "\"comm_s\":%.9g,\"comm_s_derived\":true,\"bytes_per_rank\":%zu,\"pool_elements\":%zu,\"iterations\":%d}\n",
+        "\"comm_s\":%.9g,\"comm_s_derived\":true,\"bytes_per_rank\":%zu,\"sent_bytes_per_rank\":%.0f,\"result_entries\":%zu,"
+        "\"exact_local\":%zu,\"boundary_estimates\":%zu,\"exact_global\":%zu,\"second_passes\":%zu,\"gradients\":\"%s\",\"pool_elements\":%zu,\"iterations\":%d}\n",
         layout_name.c_str(), P, o.transport.c_str(), r.name.c_str(), o.wire.c_str(), r.name == "dense" ? o.threshold : std::size_t{0}, r.density,
-        r.total.median, r.total.p10, r.total.p90, r.select.median, comm, r.wire_bytes, l.total_numel(), o.iters);
+        r.total.median, r.total.p10, r.total.p90, r.select.median, comm, r.wire_bytes, sent, r.entries, r.reest[0], r.reest[1], r.reest[2], r.reest[3],
+        o.fresh_gradients ? "fresh" : "repeated", l.total_numel(), o.iters);
   }
   std::fflush(stdout);
 }

@@ -6,10 +6,12 @@
 // layering: kernels/topk.hpp and plan/density.hpp: the selection is timed alone, with the engines'
 // own kernel at the engines' k, to split an iteration into selection and communication.
 #include "common.hpp"
+#include "sparse_oktopk.hpp"
 
 #include <gflow/kernels/topk.hpp>
 #include <gflow/plan/density.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -23,6 +25,8 @@ struct sparse_result {
   double density;
   stats total, select;
   std::size_t wire_bytes;
+  std::size_t entries = 0;                   // entries in the result (sparse_oktopk.hpp)
+  std::array<std::size_t, 4> reest{};        // OkTopK's re-estimations over the measured iterations
 };
 
 template <class E, class T, class Setup>
@@ -30,16 +34,35 @@ sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, con
   typename E::template on<T> ex(t, l);
   setup(ex);
   const std::size_t total = l.total_numel();
+  // The gradient of iteration `it`: the same values every iteration (--gradients repeated, the
+  // default), or new ones (--gradients fresh): then every residual does not grow by the same amount
+  // at once, and thresholds estimated on one iteration meet values they were not estimated on, as
+  // in training. Filled outside the timed region.
   std::vector<float> fresh(total);
-  for (std::size_t i = 0; i < total; ++i)
-    fresh[i] = static_cast<float>(((i * 2654435761u + static_cast<std::size_t>(t.rank()) * 40503u) % 20011)) / 10000.0f - 1.0f;
+  auto fill = [&](int it) {
+    const auto r = static_cast<std::uint64_t>(t.rank());
+    if (!o.fresh_gradients) {
+      for (std::size_t i = 0; i < total; ++i) fresh[i] = static_cast<float>(((i * 2654435761u + r * 40503u) % 20011)) / 10000.0f - 1.0f;
+      return;
+    }
+    for (std::size_t i = 0; i < total; ++i) {  // splitmix64 of (element, rank, iteration)
+      std::uint64_t x = i * 2654435761u + r * 40503u + static_cast<std::uint64_t>(it) * 0x9E3779B97F4A7C15ull;
+      x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+      x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+      x ^= x >> 31;
+      fresh[i] = static_cast<float>(x % 20011) / 10000.0f - 1.0f;
+    }
+  };
+  fill(0);
   const std::size_t k = gflow::plan::k_for(density, total);
   gflow::kernels::topk_workspace ws;
   if (selects) ws.reserve(total, k);
   std::vector<std::uint64_t> picked(selects ? k : 0);
   std::vector<double> tt, st;
-  std::size_t bytes = 0;
+  std::size_t bytes = 0, entries = 0;
+  std::array<std::size_t, 4> reest{};
   for (int it = 0; it < o.warmup + o.iters; ++it) {
+    if (o.fresh_gradients && it > 0) fill(it);
     std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float));
     t.barrier();
     auto t0 = std::chrono::steady_clock::now();
@@ -47,6 +70,9 @@ sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, con
     auto status = ex.finish();
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     bytes = status.wire_bytes;
+    entries = result_entries(ex, total);
+    if (it >= o.warmup)
+      for (std::size_t j = 0; j < 4; ++j) reest[j] += reestimations(ex)[j];
     double ds = 0;
     if (selects) {
       t.barrier();
@@ -61,7 +87,7 @@ sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, con
       st.push_back(ds);
     }
   }
-  return {name, density, summarize(tt), summarize(st), bytes};
+  return {name, density, summarize(tt), summarize(st), bytes, entries, reest};
 }
 
 }  // namespace gflow_bench

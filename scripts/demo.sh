@@ -32,11 +32,11 @@ bash "$root/scripts/install-deps.sh"
 build="${GFLOW_DEMO_BUILD:-$root/build-demo}"
 runs=(train_dense train_fp16 train_csc train_topk train_easgd)
 if ((full)); then
-  runs=(train_dense train_fp16 train_bf16 train_csc train_topk train_gtopk train_hier train_funneled train_concurrent train_chained train_easgd)
+  runs=(train_dense train_fp16 train_bf16 train_csc train_topk train_gtopk train_oktopk train_hier train_funneled train_concurrent train_chained train_easgd)
 fi
 if ((torch)); then
   runs=(torch_dense torch_fp16 torch_csc torch_topk torch_funneled)
-  ((full)) && runs=(torch_dense torch_fp16 torch_csc torch_topk torch_gtopk torch_funneled)
+  ((full)) && runs=(torch_dense torch_fp16 torch_csc torch_topk torch_gtopk torch_oktopk torch_funneled)
 fi
 if ((python)); then
   # gflow.torch: the module (one build of the menu), then train.py over a few compositions.
@@ -77,6 +77,7 @@ printf '%s\n' "${results[@]}" | awk '
     desc["train_dense"] = "dense fp32 (ring allreduce)"; desc["train_fp16"] = "fp16 wire + dynamic loss scale"
     desc["train_bf16"] = "bf16 wire + dynamic loss scale"; desc["train_csc"] = "CSC 15% of 4096-elem chunks"
     desc["train_topk"] = "TopK density 0.01"; desc["train_gtopk"] = "GTopK density 0.01"
+    desc["train_oktopk"] = "OkTopK density 0.01"; desc["torch_oktopk"] = "CNN OkTopK density 0.01"
     desc["train_hier"] = "Hierarchical<2>"; desc["train_funneled"] = "Overlap<Funneled>"
     desc["train_concurrent"] = "Overlap<Concurrent<2>>"; desc["train_chained"] = "Overlap<Chained>"
     desc["train_easgd"] = "sync elastic averaging (weights)"

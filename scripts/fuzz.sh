@@ -13,7 +13,7 @@ secs="${1:-60}"
 out="${GFLOW_FUZZ_BUILD:-$root/build-fuzz}"
 cxx="${GFLOW_FUZZ_CXX:-$(command -v clang++ || command -v clang++-14 || true)}"
 [[ -n "$cxx" ]] || { echo "fuzz.sh: clang++ not found (libFuzzer needs Clang)" >&2; exit 1; }
-targets=(fuzz_sparse_decode fuzz_sparse_merge fuzz_layout_tsv)
+targets=(fuzz_sparse_decode fuzz_sparse_merge fuzz_oktopk_block fuzz_layout_tsv)
 
 cmake -S "$root" -B "$out" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGFLOW_FUZZ=ON \
   -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_BUILD_BENCH=OFF -DGFLOW_BUILD_EXAMPLES=OFF -DGFLOW_INSTALL=OFF >/dev/null

@@ -579,4 +579,40 @@ TEST_CASE("errors: re-sharding checkpoints (E74-E84)") {
          load_resharded(ex, std::vector<std::filesystem::path>{nowhere});
        }},
   });
+// ---- Sparsifier<OkTopK<d>> and the variable-size collectives (issue 24) -----------------------------
+
+TEST_CASE("errors: OkTopK parameters and the variable-size collectives (E85-E89)") {
+  auto l = Layout::from_sizes({100});
+  mock::transport m(2, 0);
+  on_mock<Exchanger<Sparsifier<OkTopK<0.1>>>> ex(m, l);
+  detail::oktopk_params zero_period;
+  zero_period.threshold_period = 0;
+  detail::oktopk_params bad_adapt;
+  bad_adapt.local_adapt = 0.5;
+  run_table({
+      {"E85", errc::invalid_argument, "threshold_period", {"the threshold re-estimation period is 0.", "Fix: pass a period >= 1 (1: exact top-k every iteration)."},
+       [&] { ex.sparsifier().set_params(zero_period); }},
+      {"E86", errc::invalid_argument, "local_adapt", {"the local threshold's adaptation factor 0.500000 is outside [1, 2].", "Fix: pass e.g. 1.012 (1: no adaptation)."},
+       [&] { ex.sparsifier().set_params(bad_adapt); }},
+      {"E89", errc::mismatch, "all_to_allv", {"mock rank 0 expects 3 elements from rank 1, which (holding the same data) sends 2.", "Fix: pass receive counts that match"},
+       [&] {
+         std::vector<float> s(4), r(6);
+         const std::size_t sc[2] = {2, 2}, rc[2] = {2, 3};
+         m.all_to_allv(s.data(), sc, r.data(), rc);
+       }},
+  });
+  // E87 / E88: in-process ranks whose counts disagree; raised on every rank, nothing copied.
+  run_inproc_case({"E87", errc::mismatch, "all_to_allv", {"all_to_allv: rank 1 sends 2 elements to rank 0, which expects 1", "Fix: make every rank describe the same layout"}, {}}, 3,
+                  [](inproc::transport& t) {
+                    std::vector<float> s(6, 1.0f), r(6);
+                    std::size_t sc[3] = {2, 2, 2}, rc[3] = {2, 2, 2};
+                    if (t.rank() == 0) rc[1] = 1;
+                    t.all_to_allv(s.data(), sc, r.data(), rc);
+                  });
+  run_inproc_case({"E88", errc::mismatch, "all_gatherv", {"all_gatherv: rank 2 contributes 3 elements, rank 0 expects 2", "Fix: make every rank describe the same layout"}, {}}, 3,
+                  [](inproc::transport& t) {
+                    std::vector<float> s(3, 1.0f), r(9);
+                    const std::size_t c[3] = {2, 2, 2};
+                    t.all_gatherv(s.data(), t.rank() == 2 ? 3 : 2, r.data(), c);
+                  });
 }

@@ -170,6 +170,33 @@ TEST_CASE("exchange model: local work is added per scheme as the engines do it")
   CHECK(em.gtopk(1, k, 8, n) == rel(5e-3 + k * 10e-9, 1e-9));
 }
 
+TEST_CASE("cost model: OkTopK's terms (issue 24): local work, and communication that stays flat in P where TopK's grows") {
+  plan::exchange_model em;
+  em.comm.allreduce = em.comm.all_gather = em.comm.send_recv = em.comm.broadcast = plan::alpha_beta{0, 0};
+  em.local.zero = 2e-9;
+  em.local.accumulate = 3e-9;
+  em.local.entry = 10e-9;
+  const std::size_t n = 1000000, k = 1000;
+  // accumulation and zeros over n, about k split entries and k result entries
+  CHECK(em.oktopk(8, k, 8, n) == rel(5e-3 + 2.0 * k * 10e-9, 1e-9));
+  CHECK(em.comm.oktopk(1, k, 8) == 0.0);
+  // Bandwidth only (alpha 0, 1 ns per byte): per rank about k (P-1)/P pairs split + the all_gatherv
+  // of k/P pairs per rank, so OkTopK's time tends to a constant while TopK's grows as k (P-1).
+  plan::cost_model m;
+  m.allreduce = m.all_gather = m.send_recv = m.broadcast = plan::alpha_beta{0, 1e-9};
+  const double split = (8.0 * 7 + k * 7.0 / 8 * 8 + 24.0 * 7) * 1e-9;
+  const double gather = (7 * 24.0 + 7 * (k / 8.0 * 8 + 24)) * 1e-9;
+  const double exact = (7 * (2.0 * k / 8.0 * 8 + 24) - 7 * (k / 8.0 * 8 + 24)) * 1e-9 / 32;  // union of 2k entries (the default)
+  const double bounds = 2.0 * 7 / 8 * (8.0 * 7) * 1e-9 / 64;
+  CHECK(m.oktopk(8, k, 8) == rel(split + gather + exact + bounds, 1e-9));
+  // with k = 100000 (resnet50 at d = 0.004) the per-peer headers and counts (about 80 B x (P-1))
+  // stay small: 1.2x from P = 8 to 1024, where TopK's all_gather grows 1023 / 7 = 146x
+  const std::size_t kb = 100000;
+  CHECK(m.oktopk(1024, kb, 8) / m.oktopk(8, kb, 8) < 1.25);
+  CHECK(m.topk(1024, k, 8) / m.topk(8, k, 8) == rel(1023.0 / 7.0, 1e-9));
+  CHECK(m.oktopk(1024, k, 8) < m.topk(1024, k, 8));
+}
+
 TEST_CASE("tuner: modelled completion follows the ready prefix and serialises buckets") {
   const Layout l = Layout::from_sizes({100, 100, 100});  // pool order is reverse: 2, 1, 0
   const auto pool = plan::plan_pool(l);

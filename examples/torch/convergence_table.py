@@ -22,8 +22,8 @@ import os
 import re
 import statistics
 
-TARGETS = {"torch_fp16": 0.2, "torch_csc": 0.5, "torch_topk": 1.0, "torch_gtopk": 1.0}
-ORDER = ["torch_dense", "torch_fp16", "torch_csc", "torch_topk", "torch_gtopk", "torch_funneled"]
+TARGETS = {"torch_fp16": 0.2, "torch_csc": 0.5, "torch_topk": 1.0, "torch_gtopk": 1.0, "torch_oktopk": 1.0}
+ORDER = ["torch_dense", "torch_fp16", "torch_csc", "torch_topk", "torch_gtopk", "torch_oktopk", "torch_funneled"]
 
 
 def load(d):

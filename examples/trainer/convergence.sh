@@ -15,7 +15,7 @@ while (($#)); do
     *) echo "convergence.sh: unknown option '$1' (use --epochs N, --build DIR)" >&2; exit 2 ;;
   esac
 done
-runs=(train_dense train_fp16 train_bf16 train_csc train_topk train_gtopk train_hier train_funneled train_concurrent train_chained train_easgd)
+runs=(train_dense train_fp16 train_bf16 train_csc train_topk train_gtopk train_oktopk train_hier train_funneled train_concurrent train_chained train_easgd)
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_BUILD_TESTS=OFF -DGFLOW_BUILD_BENCH=OFF >/dev/null
 fi

@@ -27,7 +27,7 @@ struct composition_traits {
   static constexpr bool keeps_residual = is_csc || is_topk;
 };
 
-/// CSC: momentum correction and a dense warm-up then a linear ramp; TopK/GTopK: paper 003's
+/// CSC: momentum correction and a dense warm-up then a linear ramp; TopK/GTopK/OkTopK: paper 003's
 /// warm-up densities compressed into the warm-up. `iters_per_epoch` sets the default warm-up.
 template <class Ex>
 void configure_sparsifier(Ex& ex, const options& o, std::size_t iters_per_epoch) {
@@ -67,7 +67,7 @@ gflow::optim::loss_scale_options loss_scale_for(const options& o) {
     case loss_scale_mode::fixed: lso.initial = o.loss_scale_value; break;
     case loss_scale_mode::dynamic:
       if (tr::keeps_residual)
-        throw gflow::invalid_argument("--loss-scale", "dynamic loss scaling with a sparsifier that keeps residuals (CSC, TopK, GTopK) "
+        throw gflow::invalid_argument("--loss-scale", "dynamic loss scaling with a sparsifier that keeps residuals (CSC, TopK, GTopK, OkTopK) "
                                                       "would add gradients of different scales.",
                                       "pass --loss-scale S (a constant scale, e.g. 1024) or --loss-scale none.");
       lso.initial = o.loss_scale_value;

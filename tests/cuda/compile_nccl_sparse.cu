@@ -40,3 +40,11 @@ static_assert(gflow::detail::backend_for_transport<gflow::detail::device_backend
 // cuda/replicas.cuh), instantiated as a trainer would call them.
 template void gflow::broadcast_parameters<gflow_compile::T>(gflow_compile::T&, std::span<float>, int);
 template void gflow::verify_replicas<gflow_compile::T>(gflow_compile::T&, std::span<const float>, const gflow::Layout&);
+
+// The variable-size collectives of gflow::variable_transport (issue 24: all_to_all, all_to_allv,
+// all_gatherv as grouped ncclSend / ncclRecv), every element type the OkTopK engine moves. Not run
+// on a GPU yet; Sparsifier<OkTopK<d>> itself is host memory only.
+static_assert(gflow::variable_transport<gflow_compile::T>);
+template void gflow_compile::T::all_to_all<std::uint64_t>(const std::uint64_t*, std::uint64_t*, std::size_t);
+template void gflow_compile::T::all_to_allv<std::uint8_t>(const std::uint8_t*, const std::size_t*, std::uint8_t*, const std::size_t*);
+template void gflow_compile::T::all_gatherv<std::uint8_t>(const std::uint8_t*, std::size_t, std::uint8_t*, const std::size_t*);

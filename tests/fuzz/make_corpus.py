@@ -98,6 +98,26 @@ def merge_seeds():
         write(t, f"built_ties_{tag}", pre + built([(0, 1.0)] * 8) + built([(0, -1.0)] * 8))
 
 
+def oktopk_seeds():
+    """OkTopK blocks: capacity == count, announced ahead (fuzz_oktopk_block.cpp's input format)."""
+    t = "fuzz_oktopk_block"
+    for variant in range(6):
+        tag = f"i{'64' if variant & 1 else '32'}_{VALUE[(variant >> 1) % 3]}"
+        lo, span = 100, 1000
+        good = [(100, 1.5), (107, -2.0), (512, 65504.0), (1099, 1e-3)]
+        def pre(announced, cap=8):
+            return struct.pack("<BHHHH", variant, lo, span - 1, announced, cap)
+        write(t, f"ok_{tag}", pre(4) + message(variant, 4, good))
+        write(t, f"ok_empty_{tag}", pre(0) + message(variant, 0, []))
+        write(t, f"bad_over_cap_{tag}", pre(4, cap=3) + message(variant, 4, good))
+        write(t, f"bad_header_count_{tag}", pre(4) + message(variant, 4, good, count=3))
+        write(t, f"bad_short_{tag}", pre(4) + message(variant, 4, good)[:-1])
+        write(t, f"bad_index_{tag}", pre(2) + message(variant, 2, [(100, 1.0), (1100, 1.0)]))
+        write(t, f"bad_order_{tag}", pre(2) + message(variant, 2, [(300, 1.0), (200, 2.0)]))
+        write(t, f"bad_nan_{tag}", pre(2) + message(variant, 2, [(200, 1.0), (201, math.nan)]))
+        write(t, f"bad_status_{tag}", pre(4) + message(variant, 4, good, status=2))
+
+
 LAYOUT_SEEDS = {
     "one_row": "w\t4\t4\n",
     "comments_crlf": "# header\r\n# name\tshape\tnumel\r\nconv.weight\t64x3x7x7\t9408\r\nconv.bias\t64\t64\r\n",
@@ -137,10 +157,11 @@ def regressions():
 
 
 if __name__ == "__main__":
-    for d in ("fuzz_sparse_decode", "fuzz_sparse_merge", "fuzz_layout_tsv"):
+    for d in ("fuzz_sparse_decode", "fuzz_sparse_merge", "fuzz_oktopk_block", "fuzz_layout_tsv"):
         shutil.rmtree(os.path.join(CORPUS, d), ignore_errors=True)
     decode_seeds()
     merge_seeds()
+    oktopk_seeds()
     layout_seeds()
     regressions()
     for d in sorted(os.listdir(CORPUS)):

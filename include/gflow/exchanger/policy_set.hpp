@@ -10,6 +10,7 @@
 #include "../policies/precision.hpp"
 #include "../policies/csc.hpp"
 #include "../policies/sparsifier.hpp"
+#include "../policies/oktopk.hpp"
 #include "../policies/topk.hpp"
 #include "../policies/topology.hpp"
 

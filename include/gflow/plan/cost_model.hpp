@@ -207,6 +207,28 @@ struct cost_model {
     const double msg = static_cast<double>(k * pair_bytes);
     return lg * send_recv.at(msg).time(msg) + collective(collective_kind::broadcast, P, msg);
   }
+  /// OkTopK on a threshold iteration, amortised over its re-estimations (policies/oktopk.hpp):
+  /// split-and-reduce = an all_to_all of P u64 counts and an all_to_allv of about k (P-1)/P pairs
+  /// to the other ranks (P - 1 messages each: (P-1) alpha + bytes beta on the send_recv fit), the
+  /// header all_gather (24 B) and the all_gatherv of the kept blocks (k / P pairs per rank, an
+  /// all_gather of that size); every threshold_period iterations the all_gatherv carries every
+  /// reduced entry instead: the union of the ranks' selections, `union_k` x k entries (1: every
+  /// rank selects the same indices, P: disjoint selections; 2 is an assumption, to be calibrated
+  /// against bench/run sparse's result and selection counts), union_k k / P pairs per rank; every
+  /// boundary_period iterations an allreduce of P - 1 u64 is added.
+  [[nodiscard]] double oktopk(int P, std::size_t k, std::size_t pair_bytes, double threshold_period = 32, double boundary_period = 64,
+                              double union_k = 2.0) const {
+    if (P <= 1) return 0.0;
+    const double p = P, kk = static_cast<double>(k), pb = static_cast<double>(pair_bytes), hdr = 24.0;
+    auto a2a = [&](double bytes_sent) { return (p - 1.0) * send_recv.at(bytes_sent / (p - 1.0)).alpha + send_recv.at(bytes_sent / (p - 1.0)).beta * bytes_sent; };
+    const double split = a2a(8.0 * (p - 1.0)) + a2a(kk * (p - 1.0) / p * pb + hdr * (p - 1.0));
+    const double kept = kk / p * pb + hdr;
+    const double gather = collective(collective_kind::all_gather, P, hdr) + collective(collective_kind::all_gather, P, kept);
+    const double uk = std::min(union_k, p);
+    const double exact = (collective(collective_kind::all_gather, P, uk * kk / p * pb + hdr) - collective(collective_kind::all_gather, P, kept)) / threshold_period;
+    const double bounds = collective(collective_kind::allreduce, P, 8.0 * (p - 1.0)) / boundary_period;
+    return split + gather + exact + bounds;
+  }
   /// CSC: the allreduce of the chunk norms (fp32, one per chunk) and of the selected chunks in
   /// the wire type, one allreduce each (the selected chunks fused into one buffer).
   [[nodiscard]] double csc(int P, std::size_t elements, std::size_t chunk_elems, double fraction, std::size_t wire_bytes) const {
@@ -238,6 +260,7 @@ struct local_costs {
 ///           the pool, and the union (at most min(P k, n): disjoint lists) read out of it
 ///   GTopK   residual accumulation, zeros, per merge round a received message merged with the
 ///           rank's list (2k elements), and the broadcast list's k entries
+///   OkTopK  residual accumulation, zeros, about k split entries and k result entries
 ///   CSC     the history pass over the pool (kept-back chunks; the selected fraction is
 ///           compacted and scattered instead, at about the same cost per element)
 /// The selection itself is left out of the sparse schemes, as bench/run sparse reports them
@@ -261,6 +284,12 @@ struct exchange_model {
   [[nodiscard]] double gtopk(int P, std::size_t k, std::size_t pair_bytes, std::size_t elements) const {
     const double n = static_cast<double>(elements), kk = static_cast<double>(k), lg = P > 1 ? gtopk_rounds(P) : 0.0;
     return comm.gtopk(P, k, pair_bytes) + (local.accumulate + local.zero) * n + lg * 2.0 * kk * local.merge_step + kk * local.entry;
+  }
+  /// OkTopK: residual accumulation and zeros as TopK, about k entries received in the split (each
+  /// validated, sorted into its index, summed) and k result entries (validated, decoded).
+  [[nodiscard]] double oktopk(int P, std::size_t k, std::size_t pair_bytes, std::size_t elements) const {
+    const double n = static_cast<double>(elements), kk = static_cast<double>(k);
+    return comm.oktopk(P, k, pair_bytes) + (local.accumulate + local.zero) * n + 2.0 * kk * local.entry;
   }
   [[nodiscard]] double csc(int P, std::size_t elements, std::size_t chunk_elems, double fraction, std::size_t wire_bytes) const {
     return comm.csc(P, elements, chunk_elems, fraction, wire_bytes) + local.defer * static_cast<double>(elements);

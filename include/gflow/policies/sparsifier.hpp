@@ -22,8 +22,8 @@
 // bucket's exchange into phases (needed by Overlap<Chained>) also has
 //     static constexpr bool phased = true;  request start(b);  void complete(b, request&);
 // Dense (the default) allreduces every bucket (engines/dense.hpp). The sparse schemes' tags are in
-// csc.hpp (CSC) and topk.hpp (TopK, GTopK), which include this header, their engines in
-// engines/csc.hpp and engines/topk/; exchanger/policy_set.hpp includes all three.
+// csc.hpp (CSC), topk.hpp (TopK, GTopK) and oktopk.hpp (OkTopK), which include this header, their
+// engines in engines/csc.hpp, engines/topk/ and engines/oktopk/; exchanger/policy_set.hpp includes all four.
 #include <concepts>
 #include <cstddef>
 #include <type_traits>
@@ -42,7 +42,7 @@ struct Dense {
 };
 
 /// A sparsification scheme: a class whose member template engine<Ctx> is the engine over an
-/// exchange context (Dense, CSC<chunk, percent>, TopK<d>, GTopK<d>, or one's own; the engine's
+/// exchange context (Dense, CSC<chunk, percent>, TopK<d>, GTopK<d>, OkTopK<d>, or one's own; the engine's
 /// contract is detail::sparsifier_engine).
 template <class S>
 concept sparsifier_scheme = requires { typename S::template engine<detail::archetype_context<>>; };
@@ -55,7 +55,7 @@ template <class S = Dense>
 struct Sparsifier {
   static_assert(sparsifier_scheme<S>,
                 "gflow::Sparsifier<S>: S is not a sparsification scheme. "
-                "Use gflow::Dense, gflow::CSC<chunk_elems, percent>, gflow::TopK<density> or gflow::GTopK<density>.");
+                "Use gflow::Dense, gflow::CSC<chunk_elems, percent>, gflow::TopK<density>, gflow::GTopK<density> or gflow::OkTopK<density>.");
   using gflow_family = sparsifier_family;
   // Dense for a wrong S keeps Sparsifier<not-a-scheme> down to the one static_assert above.
   using scheme = std::conditional_t<sparsifier_scheme<S>, S, Dense>;

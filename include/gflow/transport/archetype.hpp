@@ -23,6 +23,9 @@ struct transport_archetype : transport_base<Space> {
   template <class E> void send(const E*, std::size_t, int) {}
   template <class E> void recv(E*, std::size_t, int) {}
   void barrier() {}
+  template <class E> void all_to_all(const E*, E*, std::size_t) {}
+  template <class E> void all_to_allv(const E*, const std::size_t*, E*, const std::size_t*) {}
+  template <class E> void all_gatherv(const E*, std::size_t, E*, const std::size_t*) {}
   template <class E> request iall_reduce(E*, std::size_t, reduce_op) { return {}; }
   template <class E> request iall_gather(const E*, E*, std::size_t) { return {}; }
   template <class E> request ibroadcast(E*, std::size_t, int) { return {}; }
@@ -34,5 +37,6 @@ struct transport_archetype : transport_base<Space> {
 };
 
 static_assert(transport<transport_archetype<>> && transport<transport_archetype<device_memory>>);
+static_assert(variable_transport<transport_archetype<>> && variable_transport<transport_archetype<device_memory>>);
 
 }  // namespace gflow

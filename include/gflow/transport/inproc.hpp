@@ -29,196 +29,10 @@
 
 #include "../error.hpp"
 #include "../kernels/cast.hpp"
+#include "inproc/group.hpp"
 #include "transport.hpp"
 
 namespace gflow::inproc {
-
-namespace detail {
-
-enum class kind : std::uint8_t { all_reduce, all_gather, broadcast, reduce, barrier, split };
-
-inline const char* name(kind k) {
-  switch (k) {
-    case kind::all_reduce: return "all_reduce";
-    case kind::all_gather: return "all_gather";
-    case kind::broadcast: return "broadcast";
-    case kind::reduce: return "reduce";
-    case kind::barrier: return "barrier";
-    case kind::split: return "split";
-  }
-  return "?";
-}
-
-struct signature {
-  kind k{};
-  dtype type{};
-  std::size_t count = 0;
-  reduce_op op{};
-  int root = 0;
-  friend bool operator==(const signature&, const signature&) = default;
-  [[nodiscard]] std::string str() const {
-    std::string s = name(k);
-    s += fmt::format("({} x {}", count, to_string(type));
-    if (k == kind::all_reduce || k == kind::reduce) s += ", " + std::string(to_string(op));
-    if (k == kind::broadcast || k == kind::reduce) s += fmt::format(", root {}", root);
-    return s + ")";
-  }
-};
-
-struct group;
-
-struct split_io {
-  int color = 0;
-  int key = 0;
-  std::shared_ptr<group> out;
-  int out_rank = -1;
-};
-
-struct slot {
-  signature sig;
-  std::vector<signature> sigs;        // per rank, for the mismatch message
-  std::vector<void*> ptr;             // per rank: in/out buffer
-  std::vector<const void*> cptr;      // per rank: send buffer (all_gather)
-  std::vector<char> present;
-  int arrived = 0;
-  int waited = 0;
-  bool executing = false;             // the last rank to arrive is running exec (buffers in use)
-  bool abandoned = false;             // a rank timed out and left: never execute (its buffer may be gone)
-  bool done = false;
-  std::string error;                  // set when ranks disagree
-  void (*exec)(slot&, group&) = nullptr;
-};
-
-struct message {
-  dtype type;
-  std::size_t count;
-  std::vector<unsigned char> data;
-};
-
-struct group {
-  explicit group(int n, std::chrono::milliseconds to) : size(n), timeout(to) {}
-  int size;
-  std::chrono::milliseconds timeout;
-  std::mutex m;
-  std::condition_variable cv;
-  std::map<std::uint64_t, slot> slots;
-  std::map<std::pair<int, int>, std::deque<message>> mail;  // (src, dst) -> FIFO
-  std::string label = "world";
-};
-
-template <class T>
-using acc_t = std::conditional_t<std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, float, T>;
-
-template <class T>
-acc_t<T> load(const T& v) {
-  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return kernels::to_float(v);
-  else return v;
-}
-
-template <class T>
-T store(acc_t<T> v) {
-  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return kernels::wire_cast<T>(v);
-  else return v;
-}
-
-template <class A>
-A combine(reduce_op op, A a, A b) {
-  switch (op) {
-    case reduce_op::sum: return a + b;
-    case reduce_op::max: return b > a ? b : a;
-    case reduce_op::min: return b < a ? b : a;
-  }
-  return a;
-}
-
-// 16-bit types: the same fp32 accumulation in rank order and one rounding per element, in
-// blocks of a stack buffer, so that widening, the op and the rounding run as the SIMD kernels
-// of kernels/cast.hpp (bitwise identical to load / combine / store above).
-template <class T, reduce_op Op>
-void reduce16_op(slot& s, group& g, bool all) {
-  constexpr std::size_t block = 2048;
-  float acc[block];
-  const std::size_t n = s.sig.count;
-  for (std::size_t base = 0; base < n; base += block) {
-    const std::size_t m = n - base < block ? n - base : block;
-    (void)kernels::wire_to_float(static_cast<const T*>(s.ptr[0]) + base, acc, m);
-    for (int r = 1; r < g.size; ++r) kernels::accumulate_wire<Op>(static_cast<const T*>(s.ptr[r]) + base, acc, m);
-    T* first = static_cast<T*>(s.ptr[all ? 0 : s.sig.root]) + base;
-    kernels::to_wire(acc, first, m);
-    if (all)
-      for (int r = 1; r < g.size; ++r) std::memcpy(static_cast<T*>(s.ptr[r]) + base, first, m * sizeof(T));
-  }
-}
-
-template <class T>
-void reduce16(slot& s, group& g, bool all) {
-  switch (s.sig.op) {
-    case reduce_op::sum: return reduce16_op<T, reduce_op::sum>(s, g, all);
-    case reduce_op::max: return reduce16_op<T, reduce_op::max>(s, g, all);
-    case reduce_op::min: return reduce16_op<T, reduce_op::min>(s, g, all);
-  }
-}
-
-template <class T>
-void exec_all_reduce(slot& s, group& g) {
-  if constexpr (kernels::is_wire16<T>) return reduce16<T>(s, g, true);
-  const std::size_t n = s.sig.count;
-  for (std::size_t j = 0; j < n; ++j) {
-    acc_t<T> acc = load(static_cast<T*>(s.ptr[0])[j]);
-    for (int r = 1; r < g.size; ++r) acc = combine(s.sig.op, acc, load(static_cast<T*>(s.ptr[r])[j]));
-    const T out = store<T>(acc);
-    for (int r = 0; r < g.size; ++r) static_cast<T*>(s.ptr[r])[j] = out;
-  }
-}
-
-template <class T>
-void exec_reduce(slot& s, group& g) {
-  if constexpr (kernels::is_wire16<T>) return reduce16<T>(s, g, false);
-  const std::size_t n = s.sig.count;
-  T* root = static_cast<T*>(s.ptr[s.sig.root]);
-  for (std::size_t j = 0; j < n; ++j) {
-    acc_t<T> acc = load(static_cast<T*>(s.ptr[0])[j]);
-    for (int r = 1; r < g.size; ++r) acc = combine(s.sig.op, acc, load(static_cast<T*>(s.ptr[r])[j]));
-    root[j] = store<T>(acc);
-  }
-}
-
-template <class T>
-void exec_all_gather(slot& s, group& g) {
-  const std::size_t n = s.sig.count;
-  for (int dst = 0; dst < g.size; ++dst)
-    for (int src = 0; src < g.size; ++src)
-      if (n) std::memcpy(static_cast<T*>(s.ptr[dst]) + static_cast<std::size_t>(src) * n, s.cptr[src], n * sizeof(T));
-}
-
-template <class T>
-void exec_broadcast(slot& s, group& g) {
-  const std::size_t n = s.sig.count;
-  for (int r = 0; r < g.size; ++r)
-    if (r != s.sig.root && n) std::memcpy(s.ptr[r], s.ptr[s.sig.root], n * sizeof(T));
-}
-
-inline void exec_barrier(slot&, group&) {}
-
-inline void exec_split(slot& s, group& g) {
-  std::map<int, std::vector<std::pair<int, int>>> by_color;  // color -> (key, rank)
-  for (int r = 0; r < g.size; ++r) {
-    auto* io = static_cast<split_io*>(s.ptr[r]);
-    by_color[io->color].push_back({io->key, r});
-  }
-  for (auto& [color, members] : by_color) {
-    std::sort(members.begin(), members.end());
-    auto sub = std::make_shared<group>(static_cast<int>(members.size()), g.timeout);
-    sub->label = fmt::format("{}/{}", g.label, color);
-    for (std::size_t i = 0; i < members.size(); ++i) {
-      auto* io = static_cast<split_io*>(s.ptr[members[i].second]);
-      io->out = sub;
-      io->out_rank = static_cast<int>(i);
-    }
-  }
-}
-
-}  // namespace detail
 
 class transport : public transport_base<host_memory> {
  public:
@@ -261,6 +75,25 @@ class transport : public transport_base<host_memory> {
   template <wire_element T> void all_gather(const T* s, T* r, std::size_t n) { auto q = iall_gather(s, r, n); wait(q); }
   template <wire_element T> void broadcast(T* buf, std::size_t n, int root) { auto r = ibroadcast(buf, n, root); wait(r); }
   template <wire_element T> void reduce(T* buf, std::size_t n, reduce_op op, int root) { auto r = ireduce(buf, n, op, root); wait(r); }
+  /// Block q of send (n elements) goes to rank q; recv's block q comes from rank q.
+  template <wire_element T>
+  void all_to_all(const T* send, T* recv, std::size_t n) {
+    auto r = post({detail::kind::all_to_all, dtype_of_v<T>, n, reduce_op::sum, 0}, recv, send, &detail::exec_all_to_all<T>);
+    wait(r);
+  }
+  /// Packed blocks: send_counts[q] elements to rank q, recv_counts[q] from rank q (each pair must
+  /// agree, else mismatch_error on every rank).
+  template <wire_element T>
+  void all_to_allv(const T* send, const std::size_t* send_counts, T* recv, const std::size_t* recv_counts) {
+    auto r = post({detail::kind::all_to_allv, dtype_of_v<T>, 0, reduce_op::sum, 0}, recv, send, &detail::exec_all_to_allv<T>, send_counts, recv_counts);
+    wait(r);
+  }
+  /// recv holds counts[0] + ... + counts[P-1] elements, rank q's n = counts[q] in rank order.
+  template <wire_element T>
+  void all_gatherv(const T* send, std::size_t n, T* recv, const std::size_t* counts) {
+    auto r = post({detail::kind::all_gatherv, dtype_of_v<T>, 0, reduce_op::sum, 0}, recv, send, &detail::exec_all_gatherv<T>, &n, counts);
+    wait(r);
+  }
   void barrier() {
     auto r = post({detail::kind::barrier, dtype::u8, 0, reduce_op::sum, 0}, nullptr, nullptr, &detail::exec_barrier);
     wait(r);
@@ -310,7 +143,8 @@ class transport : public transport_base<host_memory> {
  private:
   void check_peer(int p, const char* what) const { gflow::detail::check_peer_rank(p, size(), what); }
 
-  request post(detail::signature sig, void* buf, const void* cbuf, void (*exec)(detail::slot&, detail::group&)) {
+  request post(detail::signature sig, void* buf, const void* cbuf, void (*exec)(detail::slot&, detail::group&),
+               const std::size_t* scounts = nullptr, const std::size_t* rcounts = nullptr) {
     const std::uint64_t seq = next_seq_++;
     bool run = false;
     bool failed_now = false;
@@ -324,6 +158,8 @@ class transport : public transport_base<host_memory> {
         s->ptr.assign(g_->size, nullptr);
         s->cptr.assign(g_->size, nullptr);
         s->present.assign(g_->size, 0);
+        s->scounts.assign(g_->size, nullptr);
+        s->rcounts.assign(g_->size, nullptr);
         s->sigs.assign(g_->size, {});
       } else if (!(s->sig == sig) && s->error.empty()) {
         s->error = fmt::format("collective #{} differs across ranks", seq);
@@ -331,6 +167,8 @@ class transport : public transport_base<host_memory> {
       s->sigs[rank_] = sig;
       s->ptr[rank_] = buf;
       s->cptr[rank_] = cbuf;
+      s->scounts[rank_] = scounts;
+      s->rcounts[rank_] = rcounts;
       s->present[rank_] = 1;
       run = (++s->arrived == g_->size);
       if (run && s->abandoned) {  // a rank already gave up on this collective: fail it for everyone
@@ -416,7 +254,7 @@ class transport : public transport_base<host_memory> {
   int rank_;
   std::uint64_t next_seq_ = 0;
 };
-static_assert(gflow::transport<transport>);
+static_assert(gflow::transport<transport> && gflow::variable_transport<transport>);
 
 /// Runs fn(transport&) on `ranks` threads, one rank each, and rethrows the first exception
 /// (lowest rank) after every thread has ended.

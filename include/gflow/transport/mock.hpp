@@ -23,7 +23,7 @@
 
 namespace gflow::mock {
 
-enum class op : std::uint8_t { all_reduce, all_gather, broadcast, reduce, send, recv, barrier, split, wait };
+enum class op : std::uint8_t { all_reduce, all_gather, broadcast, reduce, send, recv, barrier, split, wait, all_to_all, all_to_allv, all_gatherv };
 
 inline const char* to_string(op o) {
   switch (o) {
@@ -36,6 +36,9 @@ inline const char* to_string(op o) {
     case op::barrier: return "barrier";
     case op::split: return "split";
     case op::wait: return "wait";
+    case op::all_to_all: return "all_to_all";
+    case op::all_to_allv: return "all_to_allv";
+    case op::all_gatherv: return "all_gatherv";
   }
   return "?";
 }
@@ -140,6 +143,45 @@ class transport : public transport_base<host_memory> {
   void send(const T*, std::size_t n, int peer) { note<T>(op::send, n, peer, false); }
   template <wire_element T>
   void recv(T* buf, std::size_t n, int peer) { note<T>(op::recv, n, peer, false); fill(buf, n); }
+  // Every rank holds the same data, so what rank q sends to the played rank is the played rank's
+  // own block: all_to_all(v) copies send's block rank() into each recv block; all_gatherv
+  // replicates send. Logged count: elements this rank sends (all_to_allv: the sum of send_counts).
+  template <wire_element T>
+  void all_to_all(const T* s, T* r, std::size_t n) {
+    note<T>(op::all_to_all, n * static_cast<std::size_t>(size_), -1, false);
+    for (int q = 0; q < size_; ++q) if (n) std::memcpy(r + static_cast<std::size_t>(q) * n, s + static_cast<std::size_t>(rank_) * n, n * sizeof(T));
+  }
+  template <wire_element T>
+  void all_to_allv(const T* s, const std::size_t* sc, T* r, const std::size_t* rc) {
+    std::size_t total = 0, mine = 0;
+    for (int q = 0; q < size_; ++q) {
+      if (q < rank_) mine += sc[q];
+      total += sc[q];
+    }
+    note<T>(op::all_to_allv, total, -1, false);
+    std::size_t at = 0;
+    for (int q = 0; q < size_; ++q) {
+      if (rc[q] != sc[rank_])
+        throw mismatch_error("all_to_allv", "mock rank " + std::to_string(rank_) + " expects " + std::to_string(rc[q]) + " elements from rank " +
+                                                std::to_string(q) + ", which (holding the same data) sends " + std::to_string(sc[rank_]) + ".",
+                             "pass receive counts that match what the peers send.");
+      if (rc[q]) std::memcpy(r + at, s + mine, rc[q] * sizeof(T));
+      at += rc[q];
+    }
+  }
+  template <wire_element T>
+  void all_gatherv(const T* s, std::size_t n, T* r, const std::size_t* counts) {
+    note<T>(op::all_gatherv, n, -1, false);
+    std::size_t at = 0;
+    for (int q = 0; q < size_; ++q) {
+      if (counts[q] != n)
+        throw mismatch_error("all_gatherv", "mock rank " + std::to_string(rank_) + " expects " + std::to_string(counts[q]) + " elements from rank " +
+                                                std::to_string(q) + ", which (holding the same data) contributes " + std::to_string(n) + ".",
+                             "pass counts that match what the peers contribute.");
+      if (n) std::memcpy(r + at, s, n * sizeof(T));
+      at += n;
+    }
+  }
   /// Host-buffer control messages: same data semantics as all_gather / broadcast, logged in log::control.
   template <wire_element T>
   void control_all_gather(const T* s, T* r, std::size_t n) {
@@ -211,6 +253,6 @@ class transport : public transport_base<host_memory> {
   std::shared_ptr<mock::log> log_;
   std::string group_;
 };
-static_assert(gflow::transport<transport>);
+static_assert(gflow::transport<transport> && gflow::variable_transport<transport>);
 
 }  // namespace gflow::mock

@@ -49,6 +49,7 @@
 #include "mpi/environment.hpp"
 #include "mpi/large_count.hpp"
 #include "mpi/stall_inspector.hpp"
+#include "mpi/variable.hpp"
 #include "timeout.hpp"
 #include "transport.hpp"
 
@@ -169,6 +170,42 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
     return rc.q;
   }
 
+  /// Block q of send (n elements) to rank q; recv's block q from rank q (MPI_Alltoall).
+  template <wire_element T>
+  void all_to_all(const T* send, T* recv, std::size_t n) {
+    const int c = detail::int_count(n, "all_to_all");
+    request q = start("all_to_all", dtype_of_v<T>, n);
+    const MPI_Datatype t = detail::datatype<T>();
+    const MPI_Comm m = comm_;
+    if (blocking(q, [=] { return MPI_Alltoall(send, c, t, recv, c, t, m); })) return;
+    check(MPI_Ialltoall(send, c, t, recv, c, t, comm_, &q.r), "all_to_all");
+    wait(q);
+  }
+  /// Packed blocks: send_counts[q] elements to rank q, recv_counts[q] from rank q (MPI_Alltoallv).
+  template <wire_element T>
+  void all_to_allv(const T* send, const std::size_t* send_counts, T* recv, const std::size_t* recv_counts) {
+    const detail::v_layout sl(send_counts, size_, "all_to_allv"), rl(recv_counts, size_, "all_to_allv");
+    request q = start("all_to_allv", dtype_of_v<T>, static_cast<std::size_t>(rl.displs.back()) + recv_counts[size_ - 1]);
+    const MPI_Datatype t = detail::datatype<T>();
+    const MPI_Comm m = comm_;
+    const int *sc = sl.counts.data(), *sd = sl.displs.data(), *rc = rl.counts.data(), *rd = rl.displs.data();
+    if (blocking(q, [=] { return MPI_Alltoallv(send, sc, sd, t, recv, rc, rd, t, m); })) return;
+    check(MPI_Ialltoallv(send, sc, sd, t, recv, rc, rd, t, comm_, &q.r), "all_to_allv");
+    wait(q);
+  }
+  /// recv holds counts[0] + ... + counts[P-1] elements, rank q's n = counts[q] (MPI_Allgatherv).
+  template <wire_element T>
+  void all_gatherv(const T* send, std::size_t n, T* recv, const std::size_t* counts) {
+    const int c = detail::int_count(n, "all_gatherv");
+    const detail::v_layout rl(counts, size_, "all_gatherv");
+    request q = start("all_gatherv", dtype_of_v<T>, n);
+    const MPI_Datatype t = detail::datatype<T>();
+    const MPI_Comm m = comm_;
+    const int *rc = rl.counts.data(), *rd = rl.displs.data();
+    if (blocking(q, [=] { return MPI_Allgatherv(send, c, t, recv, rc, rd, t, m); })) return;
+    check(MPI_Iallgatherv(send, c, t, recv, rc, rd, t, comm_, &q.r), "all_gatherv");
+    wait(q);
+  }
   void barrier() {
     request q = start("barrier", dtype::u8, 0);
     const MPI_Comm m = comm_;
@@ -329,6 +366,6 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::shared_ptr<MPI_Comm> owned_;  // set for communicators made by split()
 };
-static_assert(gflow::transport<transport>);
+static_assert(gflow::transport<transport> && gflow::variable_transport<transport>);
 
 }  // namespace gflow::mpi

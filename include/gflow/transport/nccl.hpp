@@ -72,6 +72,7 @@
 #include "../error.hpp"
 #include "nccl/check.hpp"
 #include "nccl/group.hpp"
+#include "nccl/variable.hpp"
 #include "nccl/watchdog.hpp"
 #include "timeout.hpp"
 #include "transport.hpp"
@@ -234,6 +235,14 @@ class transport : public detail::comm_watch, public transport_base<device_memory
   template <wire_element T>
   void recv(T* buf, std::size_t n, int peer) {
     blocking("recv", [&] { return irecv(buf, n, peer); });
+  }
+
+  // all_to_all / all_to_allv / all_gatherv (gflow::variable_transport): blocking, one group of ncclSend / ncclRecv per peer (nccl/variable.hpp).
+  template <wire_element T> void all_to_all(const T* s, T* r, std::size_t n) { exchange("all_to_all", s, r, detail::blocks::uniform(n, size_), detail::blocks::uniform(n, size_)); }
+  template <wire_element T> void all_to_allv(const T* s, const std::size_t* sc, T* r, const std::size_t* rc) { exchange("all_to_allv", s, r, detail::blocks::packed(sc, size_), detail::blocks::packed(rc, size_)); }
+  template <wire_element T> void all_gatherv(const T* s, std::size_t n, T* r, const std::size_t* c) { exchange("all_gatherv", s, r, detail::blocks::same(n, size_), detail::blocks::packed(c, size_)); }
+  template <class T> void exchange(const char* op, const T* s, T* r, const detail::blocks& sb, const detail::blocks& rb) {
+    blocking(op, [&] { return issue(op, "ncclSend / ncclRecv in a group", [&] { return detail::send_recv_blocks(s, r, sb, rb, comm_, stream()); }); });
   }
 
   /// Every rank of the group has reached the barrier (an allreduce of one int), and this rank's
@@ -436,6 +445,6 @@ class transport : public detail::comm_watch, public transport_base<device_memory
   std::uint64_t next_seq_ = 1;
   std::uint64_t done_seq_ = 0;
 };
-static_assert(gflow::transport<transport>);
+static_assert(gflow::transport<transport> && gflow::variable_transport<transport>);
 
 }  // namespace gflow::nccl

@@ -12,6 +12,12 @@
 //   send(buf, n, peer) / recv(buf, n, peer)
 //   split(color, key)                    sub-group of the ranks with the same color, ordered by key
 //   barrier()
+//   all_to_all(send, recv, n)            block q of send (n elements) to rank q; recv block q from rank q
+//   all_to_allv(send, scounts, recv, rcounts)
+//                                        packed blocks: scounts[q] elements to rank q, rcounts[q]
+//                                        from rank q (each pair must agree)
+//   all_gatherv(send, n, recv, counts)   rank q's n = counts[q] elements, packed in rank order
+//   (these three: the concept variable_transport below, which Sparsifier<OkTopK> requires)
 //   i-forms (iall_reduce, iall_gather, ibroadcast, isend, irecv) return a request; wait(req)
 //   completes it. Buffers must stay valid until then.
 //
@@ -20,6 +26,7 @@
 // memory_space: host_memory (buffers are host pointers) or device_memory (CUDA pointers).
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 
 #include <string>
 
@@ -50,6 +57,16 @@ concept transport = requires(T& t, const T& ct, float* buf, const float* cbuf, s
   t.wait(req);
   { t.split(peer, peer) } -> std::same_as<T>;
   { T::template can_reduce<float> } -> std::convertible_to<bool>;
+};
+
+/// A transport with the variable-size collectives (all_to_all, all_to_allv, all_gatherv) that
+/// Sparsifier<OkTopK<d>> needs. Every built-in transport has them; a transport written outside
+/// gflow meets gflow::transport without them and then serves every other scheme.
+template <class T>
+concept variable_transport = transport<T> && requires(T& t, const std::uint8_t* cbuf, std::uint8_t* buf, std::size_t n, const std::size_t* counts) {
+  t.all_to_all(cbuf, buf, n);
+  t.all_to_allv(cbuf, counts, buf, counts);
+  t.all_gatherv(cbuf, n, buf, counts);
 };
 
 namespace detail {

@@ -1,0 +1,17 @@
+#pragma once
+// The Ok-Topk sparsifier engine, detail::oktopk_engine<Ctx, density> (Sparsifier<OkTopK<d>>):
+// the class, its settings, checkpoint and local selection (oktopk/engine.hpp), and the exchange
+// (oktopk/exchange.hpp).
+#include "archetype.hpp"
+#include "concepts.hpp"
+#include "oktopk/engine.hpp"
+#include "oktopk/exchange.hpp"
+
+namespace gflow::detail {
+
+static_assert(sparsifier_engine<oktopk_engine<archetype_context<>, 0.01>, archetype_context<>> &&
+                  sparsifier_engine<oktopk_engine<archetype_context<half>, 0.01>, archetype_context<half>> &&
+                  counts_collectives<oktopk_engine<archetype_context<>, 0.01>>,
+              "gflow::detail::oktopk_engine must meet gflow::detail::sparsifier_engine (engines/concepts.hpp)");
+
+}  // namespace gflow::detail

@@ -1,0 +1,83 @@
+#pragma once
+// Sparsifier<OkTopK<density>>: Ok-Topk (Li & Hoefler, "Near-optimal sparse allreduce for
+// distributed deep learning", PPoPP'22), a sparse allreduce whose traffic per rank stays below
+// about 4k(P-1)/P entries (index + value) whatever P is, where TopK's all_gather sends k(P-1)
+// and GTopK's tree ceil(log2 P) k plus a broadcast.
+//
+//   using Exchange = gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.001>>, gflow::Fusion<4 << 20>>;
+//   Exchange::on<gflow::mpi::transport> ex(comm, layout);
+//   ex.sparsifier().set_params({.threshold_period = 32, .boundary_period = 64});
+//
+// Per selection unit of n elements (each fused bucket, else the whole pool), k = k_for(d, n):
+//   1. Local selection, one pass: G = g + residual into the residual; the indices with
+//      |G| >= the unit's local threshold (at most capacity * k; zeros never). Every
+//      threshold_period iterations (and on first use) the exact top-k instead (TopK's
+//      selection), which re-estimates the threshold as the smallest |G| it selected; a threshold
+//      selection over its capacity takes the exact top-k among its candidates (no second pass
+//      while they fit 4 x capacity, a full radix select beyond). In between the threshold adapts: / local_adapt
+//      when fewer than 2k/3 were selected, x local_adapt above 5k/4. The selected values are
+//      taken in the wire type (16-bit wire with averaging: divided by P first; the rounding stays
+//      in the residual), exactly as TopK does.
+//   2. Regions: P contiguous index ranges of the unit, region q reduced by rank q. Re-estimated
+//      every boundary_period iterations (and on first use): each rank proposes the P - 1 indices
+//      that cut its own selection into equal counts; one all_reduce (u64 sum) of the proposals,
+//      divided by P, gives every rank the same boundaries (made non-decreasing).
+//   3. Split-and-reduce: an all_to_all of one u64 per peer (how many entries each rank sends to
+//      each region), checked, then an all_to_allv of the blocks (support/oktopk_message.hpp).
+//      Rank q checks every block, then sums the entries of each index in rank order 0..P-1 (fp32).
+//   4. Balance-and-allgatherv: rank q keeps its reduced entries with |sum| >= the unit's global
+//      threshold (every reduced entry on an exact iteration), encodes them in the wire type, and
+//      all-gathers them: an all_gather of each rank's 24-byte header (the count, or a fault mark),
+//      then an all_gatherv of the blocks. Every rank checks every block. The result F is their
+//      union (increasing indices, regions in rank order); on exact iterations (every
+//      threshold_period, and on first use) F is the exact top-k (ties: lower index) of everything
+//      gathered, and its smallest |value| is the new global threshold; in between the global
+//      threshold adapts: / global_adapt below 2k/3 entries, x global_adapt above 4k/3.
+//      (The paper's balancing step, which evens out the blocks before a fixed-size allgather, is
+//      not needed: the all_gatherv moves the blocks at their own sizes.)
+//   5. The unit is zeroed and F written (divided by P with an fp32 wire and averaging): the same
+//      bits on every rank.
+// Residuals (nothing is lost; tests/engines/test_oktopk.cpp checks it bitwise on dyadic inputs):
+//   - a rank's own selected entries whose index is not in F go back into its own residual whole
+//     (GTopK's Algorithm 4 line 10): the contributors keep their own contributions, also for a
+//     region whose reduced sum the global threshold (or the exact global top-k) dropped; the
+//     owner of that region keeps nothing of it;
+//   - the owner of an applied entry keeps the rounding of its 16-bit re-encoding (0 with fp32).
+//   So fed = P x applied average + held, summed over ranks. Non-finite values: as in TopK and
+//   GTopK (NaN travels as +inf, inf is applied and reported by finish(), never kept in a residual).
+// Received data is checked before use: counts (<= the sender's capacity and the region's size),
+// blocks (size, header count, indices increasing within the region, no NaN). A rank that rejects
+// a split block marks its header, so every rank raises the same parse_error after the header
+// all_gather; a bad result block is seen by every rank alike. On any error every rank puts its own
+// selection back into its residual first.
+//
+// Parameters (set_params; detail::oktopk_params, defaults from the authors' code): threshold_period
+// 32, boundary_period 64, local_adapt 1.012, global_adapt 1.008, capacity 2. Densities and
+// schedules: set_density / set_schedule as TopK. Checkpoints hold TopK's fields plus the
+// parameters and, per unit, both thresholds and the boundaries. Introspection: residual(),
+// selected(), exchanged(), k(), wire_bytes() (every round), reestimated() (which iterations
+// paid for an exact selection, a boundary estimate or an exact global top-k), unit(u).
+// Host memory only (MPI, in-process and mock transports); the device path is not written.
+#include <concepts>
+
+#include "../engines/oktopk.hpp"
+#include "family.hpp"
+#include "sparsifier.hpp"
+
+namespace gflow {
+
+/// Ok-Topk: split-and-reduce over balanced regions, then an allgatherv of the entries above a
+/// global threshold (Li & Hoefler, PPoPP'22).
+template <double Density>
+struct OkTopK {
+  static_assert(Density > 0.0 && Density <= 1.0,
+                "gflow::OkTopK<density>: the density must lie in (0, 1] (the fraction of gradients each rank selects, "
+                "e.g. 0.001). For an exchange of everything use gflow::Sparsifier<gflow::Dense>.");
+  static constexpr double density = Density;
+  static constexpr bool uses_topology = false;
+  template <class Ctx>
+  using engine = detail::oktopk_engine<Ctx, Density>;
+};
+
+static_assert(sparsifier_policy<Sparsifier<OkTopK<0.001>>>);
+}  // namespace gflow

@@ -1,0 +1,268 @@
+#pragma once
+// The in-process transport's shared state and its operations (transport/inproc.hpp): the group
+// of P threads, the slot a collective meets in, and what the last rank to arrive executes.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../dtype.hpp"
+#include "../../kernels/cast.hpp"
+
+namespace gflow::inproc {
+
+namespace detail {
+
+enum class kind : std::uint8_t { all_reduce, all_gather, broadcast, reduce, barrier, split, all_to_all, all_to_allv, all_gatherv };
+
+inline const char* name(kind k) {
+  switch (k) {
+    case kind::all_reduce: return "all_reduce";
+    case kind::all_gather: return "all_gather";
+    case kind::broadcast: return "broadcast";
+    case kind::reduce: return "reduce";
+    case kind::barrier: return "barrier";
+    case kind::split: return "split";
+    case kind::all_to_all: return "all_to_all";
+    case kind::all_to_allv: return "all_to_allv";
+    case kind::all_gatherv: return "all_gatherv";
+  }
+  return "?";
+}
+
+struct signature {
+  kind k{};
+  dtype type{};
+  std::size_t count = 0;
+  reduce_op op{};
+  int root = 0;
+  friend bool operator==(const signature&, const signature&) = default;
+  [[nodiscard]] std::string str() const {
+    std::string s = name(k);
+    s += "(" + std::to_string(count) + " x " + std::string(to_string(type));
+    if (k == kind::all_reduce || k == kind::reduce) s += ", " + std::string(to_string(op));
+    if (k == kind::broadcast || k == kind::reduce) s += ", root " + std::to_string(root);
+    return s + ")";
+  }
+};
+
+struct group;
+
+struct split_io {
+  int color = 0;
+  int key = 0;
+  std::shared_ptr<group> out;
+  int out_rank = -1;
+};
+
+struct slot {
+  signature sig;
+  std::vector<signature> sigs;        // per rank, for the mismatch message
+  std::vector<void*> ptr;             // per rank: in/out buffer
+  std::vector<const void*> cptr;      // per rank: send buffer (all_gather, all_to_all(v), all_gatherv)
+  std::vector<const std::size_t*> scounts, rcounts;  // per rank: the v-collectives' counts (P each; all_gatherv: rcounts)
+  std::vector<char> present;
+  int arrived = 0;
+  int waited = 0;
+  bool executing = false;             // the last rank to arrive is running exec (buffers in use)
+  bool abandoned = false;             // a rank timed out and left: never execute (its buffer may be gone)
+  bool done = false;
+  std::string error;                  // set when ranks disagree
+  void (*exec)(slot&, group&) = nullptr;
+};
+
+struct message {
+  dtype type;
+  std::size_t count;
+  std::vector<unsigned char> data;
+};
+
+struct group {
+  explicit group(int n, std::chrono::milliseconds to) : size(n), timeout(to) {}
+  int size;
+  std::chrono::milliseconds timeout;
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<std::uint64_t, slot> slots;
+  std::map<std::pair<int, int>, std::deque<message>> mail;  // (src, dst) -> FIFO
+  std::string label = "world";
+};
+
+template <class T>
+using acc_t = std::conditional_t<std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, float, T>;
+
+template <class T>
+acc_t<T> load(const T& v) {
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return kernels::to_float(v);
+  else return v;
+}
+
+template <class T>
+T store(acc_t<T> v) {
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return kernels::wire_cast<T>(v);
+  else return v;
+}
+
+template <class A>
+A combine(reduce_op op, A a, A b) {
+  switch (op) {
+    case reduce_op::sum: return a + b;
+    case reduce_op::max: return b > a ? b : a;
+    case reduce_op::min: return b < a ? b : a;
+  }
+  return a;
+}
+
+// 16-bit types: the same fp32 accumulation in rank order and one rounding per element, in
+// blocks of a stack buffer, so that widening, the op and the rounding run as the SIMD kernels
+// of kernels/cast.hpp (bitwise identical to load / combine / store above).
+template <class T, reduce_op Op>
+void reduce16_op(slot& s, group& g, bool all) {
+  constexpr std::size_t block = 2048;
+  float acc[block];
+  const std::size_t n = s.sig.count;
+  for (std::size_t base = 0; base < n; base += block) {
+    const std::size_t m = n - base < block ? n - base : block;
+    (void)kernels::wire_to_float(static_cast<const T*>(s.ptr[0]) + base, acc, m);
+    for (int r = 1; r < g.size; ++r) kernels::accumulate_wire<Op>(static_cast<const T*>(s.ptr[r]) + base, acc, m);
+    T* first = static_cast<T*>(s.ptr[all ? 0 : s.sig.root]) + base;
+    kernels::to_wire(acc, first, m);
+    if (all)
+      for (int r = 1; r < g.size; ++r) std::memcpy(static_cast<T*>(s.ptr[r]) + base, first, m * sizeof(T));
+  }
+}
+
+template <class T>
+void reduce16(slot& s, group& g, bool all) {
+  switch (s.sig.op) {
+    case reduce_op::sum: return reduce16_op<T, reduce_op::sum>(s, g, all);
+    case reduce_op::max: return reduce16_op<T, reduce_op::max>(s, g, all);
+    case reduce_op::min: return reduce16_op<T, reduce_op::min>(s, g, all);
+  }
+}
+
+template <class T>
+void exec_all_reduce(slot& s, group& g) {
+  if constexpr (kernels::is_wire16<T>) return reduce16<T>(s, g, true);
+  const std::size_t n = s.sig.count;
+  for (std::size_t j = 0; j < n; ++j) {
+    acc_t<T> acc = load(static_cast<T*>(s.ptr[0])[j]);
+    for (int r = 1; r < g.size; ++r) acc = combine(s.sig.op, acc, load(static_cast<T*>(s.ptr[r])[j]));
+    const T out = store<T>(acc);
+    for (int r = 0; r < g.size; ++r) static_cast<T*>(s.ptr[r])[j] = out;
+  }
+}
+
+template <class T>
+void exec_reduce(slot& s, group& g) {
+  if constexpr (kernels::is_wire16<T>) return reduce16<T>(s, g, false);
+  const std::size_t n = s.sig.count;
+  T* root = static_cast<T*>(s.ptr[s.sig.root]);
+  for (std::size_t j = 0; j < n; ++j) {
+    acc_t<T> acc = load(static_cast<T*>(s.ptr[0])[j]);
+    for (int r = 1; r < g.size; ++r) acc = combine(s.sig.op, acc, load(static_cast<T*>(s.ptr[r])[j]));
+    root[j] = store<T>(acc);
+  }
+}
+
+template <class T>
+void exec_all_gather(slot& s, group& g) {
+  const std::size_t n = s.sig.count;
+  for (int dst = 0; dst < g.size; ++dst)
+    for (int src = 0; src < g.size; ++src)
+      if (n) std::memcpy(static_cast<T*>(s.ptr[dst]) + static_cast<std::size_t>(src) * n, s.cptr[src], n * sizeof(T));
+}
+
+template <class T>
+void exec_broadcast(slot& s, group& g) {
+  const std::size_t n = s.sig.count;
+  for (int r = 0; r < g.size; ++r)
+    if (r != s.sig.root && n) std::memcpy(s.ptr[r], s.ptr[s.sig.root], n * sizeof(T));
+}
+
+inline void exec_barrier(slot&, group&) {}
+
+template <class T>
+void exec_all_to_all(slot& s, group& g) {
+  const std::size_t n = s.sig.count;
+  for (int dst = 0; dst < g.size; ++dst)
+    for (int src = 0; src < g.size; ++src)
+      if (n)
+        std::memcpy(static_cast<T*>(s.ptr[dst]) + static_cast<std::size_t>(src) * n,
+                    static_cast<const T*>(s.cptr[src]) + static_cast<std::size_t>(dst) * n, n * sizeof(T));
+}
+
+// The v-collectives first check that every pair agrees on its counts (else s.error: a
+// mismatch_error on every rank, and nothing is copied), then copy the packed blocks.
+template <class T>
+void exec_all_to_allv(slot& s, group& g) {
+  const auto P = static_cast<std::size_t>(g.size);
+  for (std::size_t src = 0; src < P; ++src)
+    for (std::size_t dst = 0; dst < P; ++dst)
+      if (s.scounts[src][dst] != s.rcounts[dst][src]) {
+        s.error = "all_to_allv: rank " + std::to_string(src) + " sends " + std::to_string(s.scounts[src][dst]) + " elements to rank " +
+                  std::to_string(dst) + ", which expects " + std::to_string(s.rcounts[dst][src]);
+        return;
+      }
+  std::vector<std::size_t> sdisp(P * P, 0);  // sdisp[src * P + dst]: where src's block for dst starts
+  for (std::size_t src = 0; src < P; ++src)
+    for (std::size_t dst = 1; dst < P; ++dst) sdisp[src * P + dst] = sdisp[src * P + dst - 1] + s.scounts[src][dst - 1];
+  for (std::size_t dst = 0; dst < P; ++dst) {
+    std::size_t at = 0;
+    for (std::size_t src = 0; src < P; ++src) {
+      const std::size_t c = s.rcounts[dst][src];
+      if (c) std::memcpy(static_cast<T*>(s.ptr[dst]) + at, static_cast<const T*>(s.cptr[src]) + sdisp[src * P + dst], c * sizeof(T));
+      at += c;
+    }
+  }
+}
+
+template <class T>
+void exec_all_gatherv(slot& s, group& g) {
+  const auto P = static_cast<std::size_t>(g.size);
+  for (std::size_t dst = 0; dst < P; ++dst)
+    for (std::size_t src = 0; src < P; ++src)
+      if (s.rcounts[dst][src] != s.scounts[src][0]) {
+        s.error = "all_gatherv: rank " + std::to_string(src) + " contributes " + std::to_string(s.scounts[src][0]) + " elements, rank " +
+                  std::to_string(dst) + " expects " + std::to_string(s.rcounts[dst][src]);
+        return;
+      }
+  for (std::size_t dst = 0; dst < P; ++dst) {
+    std::size_t at = 0;
+    for (std::size_t src = 0; src < P; ++src) {
+      const std::size_t c = s.scounts[src][0];
+      if (c) std::memcpy(static_cast<T*>(s.ptr[dst]) + at, s.cptr[src], c * sizeof(T));
+      at += c;
+    }
+  }
+}
+
+inline void exec_split(slot& s, group& g) {
+  std::map<int, std::vector<std::pair<int, int>>> by_color;  // color -> (key, rank)
+  for (int r = 0; r < g.size; ++r) {
+    auto* io = static_cast<split_io*>(s.ptr[r]);
+    by_color[io->color].push_back({io->key, r});
+  }
+  for (auto& [color, members] : by_color) {
+    std::sort(members.begin(), members.end());
+    auto sub = std::make_shared<group>(static_cast<int>(members.size()), g.timeout);
+    sub->label = g.label + "/" + std::to_string(color);
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      auto* io = static_cast<split_io*>(s.ptr[members[i].second]);
+      io->out = sub;
+      io->out_rank = static_cast<int>(i);
+    }
+  }
+}
+
+}  // namespace detail
+
+}  // namespace gflow::inproc

@@ -1,0 +1,494 @@
+// Sparsifier<OkTopK<d>>: results against the straightforward reference (tests/oktopk_reference.hpp)
+// bitwise on 1..8 in-process ranks, identical on every rank, conservation (bitwise on dyadic
+// inputs, to 1e-5 on random ones), who keeps what the global selection dropped, the wire traffic,
+// bad messages on every rank, checkpoints, parameters.
+#include <doctest/doctest.h>
+
+#include <gflow/exchanger.hpp>
+#include <gflow/transport/inproc.hpp>
+#include <gflow/transport/mock.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "compositions.hpp"
+#include "oktopk_reference.hpp"
+#include "topk_reference.hpp"
+
+using namespace gflow;
+using namespace gflow_test;
+
+namespace {
+
+/// Gradients whose top-k stays put and overlaps across ranks, as the threshold path expects of
+/// data-parallel training: k = n/100 large entries (magnitudes in [1, 2), positive) at i = 100 j on
+/// every rank, noise of 1e-4 elsewhere.
+float steady(int r, std::size_t i, int it) {
+  const float u = grad(0, r, i, it);
+  if (i % 100 == 0) return 1.0f + std::fabs(u);
+  return 1e-4f * u;
+}
+
+detail::oktopk_params short_periods() {
+  detail::oktopk_params p;
+  p.threshold_period = 4;
+  p.boundary_period = 3;
+  p.local_adapt = 1.1;
+  p.global_adapt = 1.05;
+  return p;
+}
+
+template <class E>
+void check_oktopk(int P, const Layout& l, int iters, int mode, double density, std::size_t threshold, detail::oktopk_params prm, bool average = true) {
+  using W = typename E::template on<inproc::transport>::wire_type;
+  exchange_options o;
+  o.average = average;
+  if (threshold) o.threshold_bytes = threshold;
+  auto gfn = [mode](int r, std::size_t i, int it) { return grad(mode, r, i, it) * (1.0f + static_cast<float>(i % 5)); };
+  auto tr = run_ranks<E>(
+      P, l, iters, gfn,
+      [&](auto& ex) {
+        ex.sparsifier().set_density(density);
+        ex.sparsifier().set_params(prm);
+      },
+      o);
+  const std::size_t total = l.total_numel();
+  oktopk_reference<W> ref(P, average, prm, units_of(l, threshold, sizeof(W)), total);
+  for (int it = 0; it < iters; ++it) {
+    std::vector<std::vector<float>> g(static_cast<std::size_t>(P), std::vector<float>(total));
+    for (int q = 0; q < P; ++q)
+      for (std::size_t i = 0; i < total; ++i) g[q][i] = gfn(q, i, it);
+    ref.step(g, density, static_cast<std::uint64_t>(it));
+    for (int q = 0; q < P; ++q) {
+      CAPTURE(q);
+      CAPTURE(it);
+      REQUIRE(same_bits(tr.result[it][q], ref.result));
+      REQUIRE(same_bits(tr.residual[it][q], ref.res[static_cast<std::size_t>(q)]));
+      REQUIRE(tr.exchanged[it][q] == ref.exchanged);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("in-process: OkTopK equals the reference bitwise (results, residuals, exchanged on every rank), P = 1..8") {
+  auto l = Layout::from_sizes({700, 33, 1200, 5});
+  for (int P : {1, 2, 3, 4, 5, 8}) {
+    CAPTURE(P);
+    for (int mode : {0, 1}) {
+      CAPTURE(mode);
+      check_oktopk<Exchanger<Sparsifier<OkTopK<0.02>>>>(P, l, 14, mode, 0.02, 0, short_periods());
+      check_oktopk<Exchanger<Sparsifier<OkTopK<0.02>>>>(P, l, 14, mode, 0.05, 2048, short_periods());
+      check_oktopk<Exchanger<Sparsifier<OkTopK<0.02>>, Precision<wire::fp16>>>(P, l, 10, mode, 0.03, 0, short_periods());
+      check_oktopk<Exchanger<Sparsifier<OkTopK<0.02>>, Precision<wire::bf16>>>(P, l, 8, mode, 0.03, 4096, short_periods(), false);
+    }
+    check_oktopk<Exchanger<Sparsifier<OkTopK<0.01>>>>(P, l, 40, 0, 0.01, 0, detail::oktopk_params{});  // the defaults
+  }
+}
+
+TEST_CASE("in-process: OkTopK's threshold path runs between re-estimations and they are reported") {
+  auto l = Layout::from_sizes({4000});
+  std::vector<std::size_t> local(8), boundary(8), global(8);
+  inproc::run(4, [&](inproc::transport& t) {
+    on_inproc<Exchanger<Sparsifier<OkTopK<0.01>>>> ex(t, l);
+    ex.sparsifier().set_params(short_periods());
+    for (int it = 0; it < 8; ++it) {
+      for (std::size_t i = 0; i < 4000; ++i) ex.pool_data()[i] = steady(t.rank(), i, it);
+      ex.ready(0);
+      (void)ex.finish();
+      if (t.rank() == 0) {
+        const auto r = ex.sparsifier().reestimated();
+        local[static_cast<std::size_t>(it)] = r.local;
+        boundary[static_cast<std::size_t>(it)] = r.boundary;
+        global[static_cast<std::size_t>(it)] = r.global;
+      }
+    }
+  });
+  // iterations 0 and 4: exact (period 4); boundaries at 0, 3, 6 (period 3)
+  CHECK(local[0] == 1);
+  CHECK(local[4] == 1);
+  CHECK(global[0] == 1);
+  CHECK(global[4] == 1);
+  CHECK(global[1] + global[2] + global[3] + global[5] == 0);
+  CHECK(boundary[0] == 1);
+  CHECK(boundary[3] == 1);
+  CHECK(boundary[6] == 1);
+  CHECK(boundary[1] + boundary[2] + boundary[4] == 0);
+  CHECK(local[1] + local[2] + local[3] + local[5] + local[6] + local[7] == 0);  // the threshold selection
+}
+
+namespace {
+// fed = P x applied average + held, summed over ranks, exactly: dyadic gradients (multiples of
+// 1/8 below 2^10), P a power of two, so every float sum is exact.
+template <class E>
+void conservation_bitwise(int P, bool average, std::size_t threshold) {
+  auto l = Layout::from_sizes({300, 41, 900});
+  const std::size_t n = l.total_numel();
+  exchange_options o;
+  o.average = average;
+  if (threshold) o.threshold_bytes = threshold;
+  auto gfn = [](int r, std::size_t i, int it) { return static_cast<float>(static_cast<int>(grad(0, r, i, it) * 64.0f)) / 8.0f; };
+  const int iters = 20;
+  auto tr = run_ranks<E>(
+      P, l, iters, gfn, [](auto& ex) { ex.sparsifier().set_params(short_periods()); }, o);
+  for (std::size_t i = 0; i < n; ++i) {
+    double fed = 0, applied = 0, held = 0;
+    for (int it = 0; it < iters; ++it) {
+      for (int q = 0; q < P; ++q) fed += gfn(q, i, it);
+      applied += static_cast<double>(tr.result[it][0][i]) * (average ? P : 1);
+    }
+    for (int q = 0; q < P; ++q) held += tr.residual[iters - 1][q][i];
+    CAPTURE(i);
+    REQUIRE(fed == applied + held);
+  }
+}
+}  // namespace
+
+TEST_CASE("conservation: OkTopK fed = applied + held exactly on dyadic inputs (fp32 and fp16 wires, fused or not)") {
+  for (int P : {1, 2, 4, 8}) {
+    CAPTURE(P);
+    conservation_bitwise<Exchanger<Sparsifier<OkTopK<0.02>>>>(P, true, 0);
+    conservation_bitwise<Exchanger<Sparsifier<OkTopK<0.02>>>>(P, false, 1024);
+    conservation_bitwise<Exchanger<Sparsifier<OkTopK<0.02>>, Precision<wire::fp16>>>(P, true, 2048);
+  }
+}
+
+TEST_CASE("conservation: OkTopK over random layouts, ranks, fusion and schedules (to 1e-5 of the fed magnitude)") {
+  std::mt19937_64 rng(24);
+  for (int c = 0; c < 25; ++c) {
+    const int P = 1 + static_cast<int>(rng() % 7);
+    std::vector<std::size_t> sizes(1 + rng() % 5);
+    for (auto& s : sizes) s = 1 + rng() % (rng() % 4 == 0 ? 3000 : 200);
+    auto l = Layout::from_sizes(sizes);
+    const std::size_t n = l.total_numel();
+    exchange_options o;
+    if (rng() % 2) o.threshold_bytes = 64 + rng() % 4096;
+    const double d = 0.002 + static_cast<double>(rng() % 200) / 1000.0;
+    const std::uint64_t gseed = rng();
+    auto gfn = [&](int r, std::size_t i, int it) { return grad(0, r, i, it, gseed) * (1.0f + static_cast<float>(i % 7)); };
+    const int iters = 15;
+    auto tr = run_ranks<Exchanger<Sparsifier<OkTopK<0.01>>>>(
+        P, l, iters, gfn,
+        [&](auto& ex) {
+          ex.sparsifier().set_density(d);
+          ex.sparsifier().set_params(short_periods());
+        },
+        o);
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      double fed = 0, applied = 0, held = 0, mag = 0;
+      for (int it = 0; it < iters; ++it) {
+        for (int q = 0; q < P; ++q) {
+          fed += gfn(q, i, it);
+          mag += std::abs(gfn(q, i, it));
+        }
+        applied += static_cast<double>(tr.result[it][0][i]) * P;
+        for (int q = 1; q < P; ++q) REQUIRE(tr.result[it][q][i] == tr.result[it][0][i]);
+      }
+      for (int q = 0; q < P; ++q) held += tr.residual[iters - 1][q][i];
+      if (std::abs(fed - (applied + held)) > 1e-5 * mag + 1e-30) ++bad;
+    }
+    CAPTURE(c);
+    CAPTURE(P);
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("residual rule: what the global selection drops stays with each contributor, whole; the region's owner keeps none of it") {
+  // Two ranks, one unit of 8, k = 2, exact selections (first iteration). The boundaries cut the
+  // unit at (3 + 6) / 2 = 4 (each rank proposes its second selected index): rank 0 reduces [0, 4)
+  // = {0: 8, 3: 4}, rank 1 reduces [4, 8) = {4: 5, 6: 6}; the exact global top-2 keeps 0 and 6.
+  auto l = Layout::from_sizes({8});
+  std::vector<std::vector<float>> res(2), out(2);
+  std::vector<std::vector<std::uint64_t>> xs(2);
+  inproc::run(2, [&](inproc::transport& t) {
+    exchange_options o;
+    o.average = false;
+    on_inproc<Exchanger<Sparsifier<OkTopK<0.25>>>> ex(t, l, o);
+    const float g0[8] = {8, 0, 0, 4, 0, 1, 0, 2};  // rank 0 selects 0 and 3
+    const float g1[8] = {0, 0, 0, 0, 5, 0, 6, 2};  // rank 1 selects 4 and 6 (ties: lower index)
+    const float* g = t.rank() == 0 ? g0 : g1;
+    std::memcpy(ex.pool_data(), g, sizeof g0);
+    ex.ready(0);
+    (void)ex.finish();
+    const auto r = static_cast<std::size_t>(t.rank());
+    res[r].assign(ex.sparsifier().residual().begin(), ex.sparsifier().residual().end());
+    out[r].assign(ex.pool_data(), ex.pool_data() + 8);
+    xs[r].assign(ex.sparsifier().exchanged().begin(), ex.sparsifier().exchanged().end());
+  });
+  // Global top-2 of {0: 8, 3: 4, 4: 5, 6: 6}: indices 0 and 6.
+  CHECK(xs[0] == std::vector<std::uint64_t>{0, 6});
+  CHECK(xs[1] == xs[0]);
+  CHECK(out[0] == std::vector<float>{8, 0, 0, 0, 0, 0, 6, 0});
+  CHECK(out[1] == out[0]);
+  // Dropped: 3 (rank 0's 4) and 4 (rank 1's 5) go back to their contributors, whatever rank owned
+  // the region; unselected values stayed where they were.
+  CHECK(res[0] == std::vector<float>{0, 0, 0, 4, 0, 1, 0, 2});
+  CHECK(res[1] == std::vector<float>{0, 0, 0, 0, 5, 0, 0, 2});
+}
+
+TEST_CASE("wire: OkTopK's bytes per rank on threshold iterations stay within 6k(P-1)/P words, and below TopK's all_gather") {
+  auto l = Layout::from_sizes({200000});
+  const double d = 0.01;
+  const std::size_t k = plan::k_for(d, 200000);
+  for (int P : {4, 8, 16}) {
+    CAPTURE(P);
+    std::vector<std::size_t> bytes(16, 0);
+    std::vector<int> exact(16, 0);
+    inproc::run(P, [&](inproc::transport& t) {
+      on_inproc<Exchanger<Sparsifier<OkTopK<0.01>>>> ex(t, l);
+      for (int it = 0; it < 12; ++it) {
+        for (std::size_t i = 0; i < 200000; ++i) ex.pool_data()[i] = steady(t.rank(), i, it);
+        ex.ready(0);
+        (void)ex.finish();
+        if (t.rank() == 1) {
+          bytes[static_cast<std::size_t>(it)] = ex.sparsifier().wire_bytes();
+          exact[static_cast<std::size_t>(it)] = ex.sparsifier().reestimated().global != 0;
+        }
+      }
+    });
+    const double limit = 6.0 * static_cast<double>(k) * (P - 1) / P * 4.0;  // 4-byte words
+    const double topk = static_cast<double>(sparse_message::bytes(k, 4, 4)) * (P - 1);  // what TopK's ring all_gather sends per rank
+    for (int it = 1; it < 12; ++it) {
+      CAPTURE(it);
+      if (exact[static_cast<std::size_t>(it)]) continue;
+      CHECK(static_cast<double>(bytes[static_cast<std::size_t>(it)]) <= limit);
+      CHECK(static_cast<double>(bytes[static_cast<std::size_t>(it)]) < topk);
+    }
+    CHECK(exact[0] == 1);
+  }
+}
+
+TEST_CASE("mock: OkTopK issues all_reduce (boundaries due), all_to_all, all_to_allv, all_gather, all_gatherv per unit") {
+  auto l = Layout::from_sizes({1000});
+  mock::transport m(4, 2);
+  on_mock<Exchanger<Sparsifier<OkTopK<0.01>>>> ex(m, l);
+  {
+    m.calls().clear();
+    for (std::size_t i = 0; i < 1000; ++i) ex.pool_data()[i] = static_cast<float>((i * 37) % 101) - 50.0f;
+    // The mock gives every rank the played rank's data, so every region's result block carries the
+    // played rank's region: the check rejects it (a real transport never delivers that).
+    CHECK_THROWS_AS(ex.ready(0), parse_error);
+    std::vector<mock::op> ops;
+    for (const auto& r : m.calls().records) ops.push_back(r.kind);
+    CHECK(ops == std::vector<mock::op>{mock::op::all_reduce, mock::op::all_to_all, mock::op::all_to_allv, mock::op::all_gather, mock::op::all_gatherv});
+  }
+}
+
+namespace {
+// In-process transport whose rank `culprit` corrupts the first index of every block it sends in
+// all_to_allv (where == 0) or all_gatherv (where == 1).
+class corrupting_transport : public inproc::transport {
+ public:
+  corrupting_transport(inproc::transport t, int culprit, int where) : inproc::transport(std::move(t)), culprit_(culprit), where_(where) {}
+  template <wire_element E>
+  void all_to_allv(const E* s, const std::size_t* sc, E* r, const std::size_t* rc) {
+    if constexpr (std::is_same_v<E, std::uint8_t>) {
+      if (rank() == culprit_ && where_ == 0) {
+        std::size_t total = 0;
+        for (int q = 0; q < size(); ++q) total += sc[q];
+        std::vector<std::uint8_t> copy(s, s + total);
+        for (std::size_t q = 0, at = 0; q < static_cast<std::size_t>(size()); at += sc[q], ++q)
+          if (sc[q] > 28) {
+            const std::uint32_t bad = 1u << 30;
+            std::memcpy(copy.data() + at + 24, &bad, 4);
+          }
+        inproc::transport::all_to_allv(copy.data(), sc, r, rc);
+        return;
+      }
+    }
+    inproc::transport::all_to_allv(s, sc, r, rc);
+  }
+  template <wire_element E>
+  void all_gatherv(const E* s, std::size_t n, E* r, const std::size_t* c) {
+    if constexpr (std::is_same_v<E, std::uint8_t>) {
+      if (rank() == culprit_ && where_ == 1 && n > 28) {
+        std::vector<std::uint8_t> copy(s, s + n);
+        const std::uint32_t bad = 1u << 30;
+        std::memcpy(copy.data() + 24, &bad, 4);
+        inproc::transport::all_gatherv(copy.data(), n, r, c);
+        return;
+      }
+    }
+    inproc::transport::all_gatherv(s, n, r, c);
+  }
+  corrupting_transport split(int color, int key) { return corrupting_transport(inproc::transport::split(color, key), culprit_, where_); }
+
+ private:
+  int culprit_, where_;
+};
+static_assert(gflow::variable_transport<corrupting_transport>);
+}  // namespace
+
+TEST_CASE("bad input: a corrupt block stops EVERY rank with the same typed error, and each rank's gradient is back in its residual") {
+  auto l = Layout::from_sizes({400});
+  for (int where : {0, 1}) {
+    CAPTURE(where);
+    const int P = 4;
+    std::vector<std::string> errors(P), subjects(P);
+    inproc::run(
+        P,
+        [&](inproc::transport& base) {
+          corrupting_transport t(base, 2, where);
+          typename Exchanger<Sparsifier<OkTopK<0.1>>>::template on<corrupting_transport> ex(t, l);
+          for (std::size_t i = 0; i < 400; ++i) ex.pool_data()[i] = static_cast<float>(i + 1 + t.rank());
+          try {
+            ex.ready(0);
+          } catch (const gflow::parse_error& e) {
+            errors[static_cast<std::size_t>(t.rank())] = e.what();
+            subjects[static_cast<std::size_t>(t.rank())] = e.subject();
+          }
+          for (std::size_t i = 0; i < 400; ++i) CHECK(ex.sparsifier().residual()[i] == static_cast<float>(i + 1 + t.rank()));
+        },
+        std::chrono::seconds(20));
+    for (int r = 0; r < P; ++r) {
+      CAPTURE(r);
+      CHECK(subjects[r] == "index");
+      if (where == 0) CHECK(errors[r].find("in the split-and-reduce, rank ") != std::string::npos);
+      else CHECK(errors[r].find("the result block all-gathered from rank 2 was rejected: entry 0 has index 1073741824, outside") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("checkpoint: OkTopK resumes bit for bit (residual, thresholds, boundaries, parameters)") {
+  auto l = Layout::from_sizes({900, 77});
+  using E = Exchanger<Sparsifier<OkTopK<0.02>>, Fusion<2048>>;
+  const int P = 3;
+  std::vector<std::vector<float>> straight(P), resumed(P);
+  auto feed = [&](auto& ex, int r, int it) {
+    for (std::size_t i = 0; i < l.total_numel(); ++i) ex.pool_data()[i] = grad(0, r, i, it);
+    for (std::size_t b = 0; b < l.size(); ++b) ex.ready(b);
+    (void)ex.finish();
+  };
+  inproc::run(P, [&](inproc::transport& t) {
+    const int r = t.rank();
+    std::stringstream file;
+    {
+      on_inproc<E> a(t, l);
+      a.sparsifier().set_params(short_periods());
+      for (int it = 0; it < 6; ++it) feed(a, r, it);
+      a.save_state(file);
+      for (int it = 6; it < 13; ++it) feed(a, r, it);
+      straight[static_cast<std::size_t>(r)].assign(a.pool_data(), a.pool_data() + l.total_numel());
+      auto res = a.sparsifier().residual();
+      straight[static_cast<std::size_t>(r)].insert(straight[static_cast<std::size_t>(r)].end(), res.begin(), res.end());
+    }
+    on_inproc<E> b(t, l);  // default parameters: the checkpoint brings the saved ones
+    b.load_state(file);
+    CHECK(b.sparsifier().params().threshold_period == 4);
+    CHECK(b.sparsifier().unit(0).bounds.size() == P + 1);
+    for (int it = 6; it < 13; ++it) feed(b, r, it);
+    resumed[static_cast<std::size_t>(r)].assign(b.pool_data(), b.pool_data() + l.total_numel());
+    auto res = b.sparsifier().residual();
+    resumed[static_cast<std::size_t>(r)].insert(resumed[static_cast<std::size_t>(r)].end(), res.begin(), res.end());
+  });
+  for (int r = 0; r < P; ++r) CHECK(same_bits(straight[r], resumed[r]));
+}
+
+TEST_CASE("parameters: OkTopK rejects periods of 0 and adaptation factors or capacities out of range, naming the field") {
+  auto l = Layout::from_sizes({100});
+  mock::transport m(2, 0);
+  on_mock<Exchanger<Sparsifier<OkTopK<0.1>>>> ex(m, l);
+  auto subject = [&](detail::oktopk_params p) {
+    try {
+      ex.sparsifier().set_params(p);
+    } catch (const invalid_argument& e) {
+      return e.subject();
+    }
+    return std::string("none");
+  };
+  detail::oktopk_params p;
+  p.threshold_period = 0;
+  CHECK(subject(p) == "threshold_period");
+  p = {};
+  p.boundary_period = 0;
+  CHECK(subject(p) == "boundary_period");
+  p = {};
+  p.local_adapt = 0.9;
+  CHECK(subject(p) == "local_adapt");
+  p = {};
+  p.global_adapt = std::nan("");
+  CHECK(subject(p) == "global_adapt");
+  p = {};
+  p.capacity = 0.5;
+  CHECK(subject(p) == "capacity");
+  CHECK(subject({}) == "none");
+}
+
+TEST_CASE("schedules and views: OkTopK's k follows the density schedule; selected() is this rank's selection, exchanged() the result") {
+  auto l = Layout::from_sizes({1000});
+  std::vector<std::size_t> ks(6);
+  inproc::run(2, [&](inproc::transport& t) {
+    on_inproc<Exchanger<Sparsifier<OkTopK<0.01>>>> ex(t, l);
+    ex.sparsifier().set_schedule(plan::density_schedule::per_iteration({{2, 0.1}, {4, 0.05}}, 0.01));
+    for (int it = 0; it < 6; ++it) {
+      for (std::size_t i = 0; i < 1000; ++i) ex.pool_data()[i] = grad(0, t.rank(), i, it);
+      ex.ready(0);
+      (void)ex.finish();
+      const auto sel = ex.sparsifier().selected();
+      const auto xs = ex.sparsifier().exchanged();
+      CHECK(std::is_sorted(sel.begin(), sel.end()));
+      CHECK(sel.size() <= 2 * ex.sparsifier().k());
+      for (std::size_t i = 0; i < 1000; ++i) {  // the pool is non-zero exactly at exchanged()
+        const bool in = std::binary_search(xs.begin(), xs.end(), static_cast<std::uint64_t>(i));
+        if (!in) CHECK(ex.pool_data()[i] == 0.0f);
+      }
+      if (t.rank() == 0) ks[static_cast<std::size_t>(it)] = ex.sparsifier().k();
+    }
+  });
+  CHECK(ks == std::vector<std::size_t>{100, 100, 50, 50, 10, 10});
+}
+
+TEST_CASE("local selection over capacity: the exact top-k is taken among the candidates (no second pass), as the reference's brute force") {
+  // k = n/100 steady entries; from iteration 2 on, 2k more entries above the threshold each
+  // iteration (3k candidates: over the capacity 2k, within the 8k candidate buffer); iteration 5
+  // floods 39k entries of 100 (beyond the buffer: the full radix select runs).
+  auto l = Layout::from_sizes({5000});
+  auto gfn = [](int r, std::size_t i, int it) {
+    const float base = steady(r, i, it);
+    if (it >= 2 && (i % 100 == 50 || i % 100 == 51)) return 1.5f + 0.001f * static_cast<float>(i % 7);
+    if (it == 5 && i % 100 > 60) return 100.0f + 0.01f * static_cast<float>(i % 5);
+    return base;
+  };
+  const int P = 3, iters = 7;
+  const auto prm = short_periods();
+  std::vector<std::size_t> local(iters), second(iters);
+  auto tr = run_ranks<Exchanger<Sparsifier<OkTopK<0.01>>>>(P, l, iters, gfn, [&](auto& ex) { ex.sparsifier().set_params(prm); });
+  inproc::run(P, [&](inproc::transport& t) {  // the counters, on the same data
+    on_inproc<Exchanger<Sparsifier<OkTopK<0.01>>>> ex(t, l);
+    ex.sparsifier().set_params(prm);
+    for (int it = 0; it < iters; ++it) {
+      for (std::size_t i = 0; i < 5000; ++i) ex.pool_data()[i] = gfn(t.rank(), i, it);
+      ex.ready(0);
+      (void)ex.finish();
+      if (t.rank() == 0) {
+        local[static_cast<std::size_t>(it)] = ex.sparsifier().reestimated().local;
+        second[static_cast<std::size_t>(it)] = ex.sparsifier().reestimated().second_pass;
+      }
+    }
+  });
+  oktopk_reference<float> ref(P, true, prm, {{0, 5000}}, 5000);
+  for (int it = 0; it < iters; ++it) {
+    std::vector<std::vector<float>> g(P, std::vector<float>(5000));
+    for (int q = 0; q < P; ++q)
+      for (std::size_t i = 0; i < 5000; ++i) g[static_cast<std::size_t>(q)][i] = gfn(q, i, it);
+    ref.step(g, 0.01, static_cast<std::uint64_t>(it));
+    for (int q = 0; q < P; ++q) {
+      CAPTURE(it);
+      CAPTURE(q);
+      REQUIRE(same_bits(tr.result[it][q], ref.result));
+      REQUIRE(same_bits(tr.residual[it][q], ref.res[static_cast<std::size_t>(q)]));
+    }
+  }
+  CHECK(local[1] == 0);  // the threshold selection
+  CHECK(local[2] == 1);  // over capacity: exact among the candidates
+  CHECK(second[2] == 0);
+  CHECK(local[5] == 1);  // flooded: the full radix select
+  CHECK(second[5] == 1);
+}
