@@ -58,8 +58,8 @@ sparse_message::unpack_result check_block(const unsigned char* msg, std::size_t 
 /// One sentence on a rejected block or count.
 inline std::string describe(const sparse_message::unpack_result& r, std::size_t announced, std::uint64_t lo, std::uint64_t hi) {
   if (r.fault == sparse_message::fault_code::count)
-    return "it claims " + std::to_string(r.position) + " entries where " + std::to_string(announced) +
-           " were announced (at most the sender's capacity, and the block's size must match).";
+    return fmt::format("it claims {} entries where {} were announced (at most the sender's capacity, and the block's size must match).", r.position,
+                       announced);
   return sparse_message::describe(r, announced, lo, hi);
 }
 

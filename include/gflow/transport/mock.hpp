@@ -162,8 +162,8 @@ class transport : public transport_base<host_memory> {
     std::size_t at = 0;
     for (int q = 0; q < size_; ++q) {
       if (rc[q] != sc[rank_])
-        throw mismatch_error("all_to_allv", "mock rank " + std::to_string(rank_) + " expects " + std::to_string(rc[q]) + " elements from rank " +
-                                                std::to_string(q) + ", which (holding the same data) sends " + std::to_string(sc[rank_]) + ".",
+        throw mismatch_error("all_to_allv",
+                             fmt::format("mock rank {} expects {} elements from rank {}, which (holding the same data) sends {}.", rank_, rc[q], q, sc[rank_]),
                              "pass receive counts that match what the peers send.");
       if (rc[q]) std::memcpy(r + at, s + mine, rc[q] * sizeof(T));
       at += rc[q];
@@ -175,8 +175,8 @@ class transport : public transport_base<host_memory> {
     std::size_t at = 0;
     for (int q = 0; q < size_; ++q) {
       if (counts[q] != n)
-        throw mismatch_error("all_gatherv", "mock rank " + std::to_string(rank_) + " expects " + std::to_string(counts[q]) + " elements from rank " +
-                                                std::to_string(q) + ", which (holding the same data) contributes " + std::to_string(n) + ".",
+        throw mismatch_error("all_gatherv",
+                             fmt::format("mock rank {} expects {} elements from rank {}, which (holding the same data) contributes {}.", rank_, counts[q], q, n),
                              "pass counts that match what the peers contribute.");
       if (n) std::memcpy(r + at, s, n * sizeof(T));
       at += n;

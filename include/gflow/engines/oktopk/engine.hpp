@@ -44,11 +44,11 @@ inline void check_oktopk_params(const oktopk_params& p) {
   if (p.threshold_period == 0) bad("threshold_period", "the threshold re-estimation period is 0.", "pass a period >= 1 (1: exact top-k every iteration).");
   if (p.boundary_period == 0) bad("boundary_period", "the boundary re-estimation period is 0.", "pass a period >= 1 (1: boundaries every iteration).");
   if (!(p.local_adapt >= 1.0 && p.local_adapt <= 2.0))
-    bad("local_adapt", "the local threshold's adaptation factor " + std::to_string(p.local_adapt) + " is outside [1, 2].", "pass e.g. 1.012 (1: no adaptation).");
+    bad("local_adapt", fmt::format("the local threshold's adaptation factor {:f} is outside [1, 2].", p.local_adapt), "pass e.g. 1.012 (1: no adaptation).");
   if (!(p.global_adapt >= 1.0 && p.global_adapt <= 2.0))
-    bad("global_adapt", "the global threshold's adaptation factor " + std::to_string(p.global_adapt) + " is outside [1, 2].", "pass e.g. 1.008 (1: no adaptation).");
+    bad("global_adapt", fmt::format("the global threshold's adaptation factor {:f} is outside [1, 2].", p.global_adapt), "pass e.g. 1.008 (1: no adaptation).");
   if (!(p.capacity >= 1.0 && p.capacity <= 64.0))
-    bad("capacity", "the selection capacity " + std::to_string(p.capacity) + " x k is outside [1, 64].", "pass e.g. 2 (the default).");
+    bad("capacity", fmt::format("the selection capacity {:f} x k is outside [1, 64].", p.capacity), "pass e.g. 2 (the default).");
 }
 
 template <class Ctx, double Density>
@@ -147,9 +147,9 @@ class oktopk_engine {
   [[nodiscard]] const oktopk_params& params() const noexcept { return params_; }
   void set_index_bytes(std::size_t bytes) {
     if (bytes != 4 && bytes != 8)
-      throw invalid_argument("index_bytes", "indices travel as 4 or 8 bytes (got " + std::to_string(bytes) + ").", "pass 4 or 8.");
+      throw invalid_argument("index_bytes", fmt::format("indices travel as 4 or 8 bytes (got {}).", bytes), "pass 4 or 8.");
     if (bytes == 4 && cx_->pool->total > (std::uint64_t{1} << 32))
-      throw invalid_argument("index_bytes", "the pool has " + std::to_string(cx_->pool->total) + " elements; 32-bit indices address at most 2^32.",
+      throw invalid_argument("index_bytes", fmt::format("the pool has {} elements; 32-bit indices address at most 2^32.", cx_->pool->total),
                              "keep 8-byte indices for this layout.");
     wide_ = bytes == 8;
   }

@@ -155,8 +155,8 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
     for (std::size_t q = 0; q < Pz; ++q)
       if (hdrs[q].status != 0) {
         const auto f = static_cast<sparse_message::fault_code>(hdrs[q].status);
-        std::string what = "Sparsifier<OkTopK>: in the split-and-reduce, rank " + std::to_string(hdrs[q].reporter) +
-                           " rejected the block rank " + std::to_string(hdrs[q].source) + " sent for its region (its " + sparse_message::parameter_of(f) + ")";
+        std::string what = fmt::format("Sparsifier<OkTopK>: in the split-and-reduce, rank {} rejected the block rank {} sent for its region (its {})",
+                                       hdrs[q].reporter, hdrs[q].source, sparse_message::parameter_of(f));
         if (q == static_cast<std::size_t>(me)) what += ": " + oktopk_message::describe(own, own_announced, lo(me), hi(me));
         else what += "; every rank stops this exchange.";
         throw parse_error(sparse_message::parameter_of(f), what, fix_text());
@@ -166,9 +166,9 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
     for (std::size_t q = 0; q < Pz; ++q) {
       const std::uint64_t room = hi(q) - lo(q);
       if (hdrs[q].count > room)
-        throw parse_error("count", "Sparsifier<OkTopK>: rank " + std::to_string(q) + " announced " + std::to_string(hdrs[q].count) +
-                                       " result entries for its region [" + std::to_string(lo(q)) + ", " + std::to_string(hi(q)) + "), which holds " +
-                                       std::to_string(room) + ".",
+        throw parse_error("count",
+                          fmt::format("Sparsifier<OkTopK>: rank {} announced {} result entries for its region [{}, {}), which holds {}.", q,
+                                      hdrs[q].count, lo(q), hi(q), room),
                           fix_text());
       gbytes[q] = oktopk_message::block_bytes(hdrs[q].count, sizeof(I), sizeof(W));
       gtotal += gbytes[q];
@@ -190,8 +190,8 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
                                                  });
       if (!r.ok())
         throw parse_error(sparse_message::parameter_of(r.fault),
-                          "Sparsifier<OkTopK>: the result block all-gathered from rank " + std::to_string(q) + " was rejected: " +
-                              oktopk_message::describe(r, c, lo(q), hi(q)),
+                          fmt::format("Sparsifier<OkTopK>: the result block all-gathered from rank {} was rejected: {}", q,
+                                      oktopk_message::describe(r, c, lo(q), hi(q))),
                           fix_text());
       F_idx.insert(F_idx.end(), tmp_idx_.begin(), tmp_idx_.end());  // regions in rank order: increasing indices
       F_val.insert(F_val.end(), tmp_val_.begin(), tmp_val_.end());
@@ -251,14 +251,15 @@ template <class Ctx, double Density>
 auto oktopk_engine<Ctx, Density>::read_state(checkpoint_reader& r) const -> saved_state {
   saved_state s;
   const std::uint32_t ib = r.u32("index_bytes");
-  if (ib != 4 && ib != 8) r.fail("index_bytes", "the checkpoint's index width is " + std::to_string(ib) + " bytes (4 or 8 expected).");
+  if (ib != 4 && ib != 8) r.fail("index_bytes", fmt::format("the checkpoint's index width is {} bytes (4 or 8 expected).", ib));
   if (ib == 4 && cx_->pool->total > (std::uint64_t{1} << 32)) r.fail("index_bytes", "the checkpoint uses 32-bit indices for a pool of more than 2^32 elements.");
   s.wide = ib == 8;
   s.density = r.f64("density");
-  if (!(s.density > 0.0 && s.density <= 1.0)) r.fail("density", "the checkpoint's density " + std::to_string(s.density) + " is outside (0, 1].");
+  if (!(s.density > 0.0 && s.density <= 1.0)) r.fail("density", fmt::format("the checkpoint's density {:f} is outside (0, 1].", s.density));
   const std::uint64_t nsteps = r.u64("the density schedule's step count");
   constexpr std::uint64_t max_steps = std::uint64_t{1} << 20;
-  if (nsteps > max_steps) r.fail("density_schedule", "the checkpoint's density schedule claims " + std::to_string(nsteps) + " steps; at most " + std::to_string(max_steps) + " are allowed.");
+  if (nsteps > max_steps)
+    r.fail("density_schedule", fmt::format("the checkpoint's density schedule claims {} steps; at most {} are allowed.", nsteps, max_steps));
   std::vector<plan::density_step> steps;
   for (std::uint64_t i = 0; i < nsteps; ++i) {
     plan::density_step st;
@@ -286,8 +287,8 @@ auto oktopk_engine<Ctx, Density>::read_state(checkpoint_reader& r) const -> save
   }
   const std::uint64_t nu = r.u64("the OkTopK unit count");
   if (nu != units_.size())
-    r.fail("units", "the checkpoint holds OkTopK state for " + std::to_string(nu) + " selection units; this exchanger has " + std::to_string(units_.size()) +
-                        " (same layout and fusion expected).");
+    r.fail("units", fmt::format("the checkpoint holds OkTopK state for {} selection units; this exchanger has {} (same layout and fusion expected).", nu,
+                                units_.size()));
   const std::size_t P = static_cast<std::size_t>(cx_->transport->size());
   for (std::uint64_t u = 0; u < nu; ++u) {
     unit_state us;
@@ -296,18 +297,17 @@ auto oktopk_engine<Ctx, Density>::read_state(checkpoint_reader& r) const -> save
     const float ths[2] = {us.local_thr, us.global_thr};  // (a braced list in the range-for trips nvcc's front end)
     for (const float th : ths)
       if (!(std::isfinite(th) && (th >= 0.0f || th == -1.0f)))
-        r.fail("threshold", "unit " + std::to_string(u) + " has threshold " + std::to_string(th) + " (finite and >= 0, or -1 for not estimated, expected).");
+        r.fail("threshold", fmt::format("unit {} has threshold {:f} (finite and >= 0, or -1 for not estimated, expected).", u, th));
     const std::size_t n = fused_ ? (*cx_->buckets)[static_cast<std::size_t>(u)].count : cx_->pool->total;
     const std::uint64_t nb = r.u64("the boundaries");
     if (nb != 0 && nb != P + 1)
-      r.fail("boundaries", "unit " + std::to_string(u) + " has " + std::to_string(nb) + " region boundaries; 0 or " + std::to_string(P + 1) +
-                               " (ranks + 1) expected: the checkpoint was written by a job of another size.");
+      r.fail("boundaries", fmt::format("unit {} has {} region boundaries; 0 or {} (ranks + 1) expected: the checkpoint was written by a job of another size.",
+                                       u, nb, P + 1));
     us.bounds.resize(nb);
     for (auto& b : us.bounds) b = r.u64("a region boundary");
     for (std::size_t i = 0; i < us.bounds.size(); ++i)
       if ((i == 0 && us.bounds[i] != 0) || (i + 1 == us.bounds.size() && us.bounds[i] != n) || (i > 0 && us.bounds[i] < us.bounds[i - 1]) || us.bounds[i] > n)
-        r.fail("boundaries", "unit " + std::to_string(u) + "'s region boundaries are not 0 <= ... <= " + std::to_string(n) + " in order (boundary " +
-                                 std::to_string(i) + " is " + std::to_string(us.bounds[i]) + ").");
+        r.fail("boundaries", fmt::format("unit {}'s region boundaries are not 0 <= ... <= {} in order (boundary {} is {}).", u, n, i, us.bounds[i]));
     s.units.push_back(std::move(us));
   }
   return s;

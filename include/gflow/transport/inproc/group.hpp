@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../../dtype.hpp"
+#include "../../error.hpp"
 #include "../../kernels/cast.hpp"
 
 namespace gflow::inproc {
@@ -47,9 +48,9 @@ struct signature {
   friend bool operator==(const signature&, const signature&) = default;
   [[nodiscard]] std::string str() const {
     std::string s = name(k);
-    s += "(" + std::to_string(count) + " x " + std::string(to_string(type));
+    s += fmt::format("({} x {}", count, to_string(type));
     if (k == kind::all_reduce || k == kind::reduce) s += ", " + std::string(to_string(op));
-    if (k == kind::broadcast || k == kind::reduce) s += ", root " + std::to_string(root);
+    if (k == kind::broadcast || k == kind::reduce) s += fmt::format(", root {}", root);
     return s + ")";
   }
 };
@@ -208,8 +209,7 @@ void exec_all_to_allv(slot& s, group& g) {
   for (std::size_t src = 0; src < P; ++src)
     for (std::size_t dst = 0; dst < P; ++dst)
       if (s.scounts[src][dst] != s.rcounts[dst][src]) {
-        s.error = "all_to_allv: rank " + std::to_string(src) + " sends " + std::to_string(s.scounts[src][dst]) + " elements to rank " +
-                  std::to_string(dst) + ", which expects " + std::to_string(s.rcounts[dst][src]);
+        s.error = fmt::format("all_to_allv: rank {} sends {} elements to rank {}, which expects {}", src, s.scounts[src][dst], dst, s.rcounts[dst][src]);
         return;
       }
   std::vector<std::size_t> sdisp(P * P, 0);  // sdisp[src * P + dst]: where src's block for dst starts
@@ -231,8 +231,7 @@ void exec_all_gatherv(slot& s, group& g) {
   for (std::size_t dst = 0; dst < P; ++dst)
     for (std::size_t src = 0; src < P; ++src)
       if (s.rcounts[dst][src] != s.scounts[src][0]) {
-        s.error = "all_gatherv: rank " + std::to_string(src) + " contributes " + std::to_string(s.scounts[src][0]) + " elements, rank " +
-                  std::to_string(dst) + " expects " + std::to_string(s.rcounts[dst][src]);
+        s.error = fmt::format("all_gatherv: rank {} contributes {} elements, rank {} expects {}", src, s.scounts[src][0], dst, s.rcounts[dst][src]);
         return;
       }
   for (std::size_t dst = 0; dst < P; ++dst) {
@@ -254,7 +253,7 @@ inline void exec_split(slot& s, group& g) {
   for (auto& [color, members] : by_color) {
     std::sort(members.begin(), members.end());
     auto sub = std::make_shared<group>(static_cast<int>(members.size()), g.timeout);
-    sub->label = g.label + "/" + std::to_string(color);
+    sub->label = fmt::format("{}/{}", g.label, color);
     for (std::size_t i = 0; i < members.size(); ++i) {
       auto* io = static_cast<split_io*>(s.ptr[members[i].second]);
       io->out = sub;

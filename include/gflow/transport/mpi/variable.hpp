@@ -21,8 +21,9 @@ struct v_layout {
       const std::size_t n = c[q];
       if (n > static_cast<std::size_t>(INT_MAX) || at > static_cast<std::size_t>(INT_MAX) - n)
         throw invalid_argument("count",
-                               std::string(op) + ": the block of rank " + std::to_string(q) + " (" + std::to_string(n) + " elements at offset " +
-                                   std::to_string(at) + ") passes INT_MAX, the largest count or displacement MPI_Alltoallv / MPI_Allgatherv accept.",
+                               fmt::format("{}: the block of rank {} ({} elements at offset {}) passes INT_MAX, the largest count or displacement "
+                                           "MPI_Alltoallv / MPI_Allgatherv accept.",
+                                           op, q, n, at),
                                "exchange fewer elements per call (smaller buckets: Fusion<bytes>).");
       counts[static_cast<std::size_t>(q)] = static_cast<int>(n);
       displs[static_cast<std::size_t>(q)] = static_cast<int>(at);
@@ -34,7 +35,7 @@ struct v_layout {
 /// n as an int count for the MPI-3 forms, or invalid_argument("count").
 inline int int_count(std::size_t n, const char* op) {
   if (n > static_cast<std::size_t>(INT_MAX))
-    throw invalid_argument("count", std::string(op) + ": " + std::to_string(n) + " elements exceed INT_MAX.",
+    throw invalid_argument("count", fmt::format("{}: {} elements exceed INT_MAX.", op, n),
                            "exchange fewer elements per call (smaller buckets: Fusion<bytes>).");
   return static_cast<int>(n);
 }
