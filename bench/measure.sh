@@ -30,6 +30,10 @@
 #   ddp       gflow against PyTorch over gloo on the same buckets (bench/ddp_gloo.sh): resnet50 at 2
 #             and 4 ranks, resnet20 at 2, N repeats alternating with bench/run exchange
 #             (ddp_<layout>_<P>/gflow_rK.jsonl, gloo_rK.jsonl, summary.txt)
+#   oktopk    (as root) OkTopK beside dense / TopK / GTopK on fresh gradients (--gradients fresh):
+#             resnet50 on 4 MPI ranks (shared memory, d = 0.001 and 0.01; sp_oktopk_resnet50_mpi_4_rK)
+#             and on the emulated 1 Gbit/s network at 8 and 16 ranks (d = 0.001;
+#             net_sp_oktopk_resnet50_<P>_rK)
 #   netem     (as root) the emulated 1 Gbit/s network of bench/netem.sh: sparse (resnet50, alexnet),
 #             exchange with the fp32 / fp16 / bf16 wire (resnet50), the model at P = 2, 4, 8 (net_*);
 #             then the two-speed network (1 Gbit/s between groups, 10 inside) for the topologies
@@ -39,11 +43,11 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$root/docs/results"
 repeats=3
 sections=()
-all="exchange wire kernels sparse topology sweep overlap trace model autotune loops ddp netem"
+all="exchange wire kernels sparse topology sweep overlap trace model autotune loops ddp oktopk netem"
 while (($#)); do
   case "$1" in
     --repeats) repeats="$2"; shift 2 ;;
-    exchange|wire|kernels|sparse|topology|sweep|overlap|trace|model|autotune|loops|ddp|netem) sections+=("$1"); shift ;;
+    exchange|wire|kernels|sparse|topology|sweep|overlap|trace|model|autotune|loops|ddp|oktopk|netem) sections+=("$1"); shift ;;
     *) echo "bench/measure.sh: unknown argument '$1' (sections: $all; --repeats N)" >&2; exit 2 ;;
   esac
 done
@@ -138,6 +142,19 @@ for s in "${sections[@]}"; do
         run "loops_options_resnet20_2_r$r" exchange --layout resnet20 --ranks 2 --options
       done
       plot loops "$out"/loops_*.jsonl -o "$root/docs/learn_order.png" ;;
+    oktopk)
+      [[ "$(id -u)" == 0 ]] || { echo "bench/measure.sh oktopk: run as root (bench/netem.sh makes network namespaces)" >&2; exit 2; }
+      for r in $(seq 1 "$repeats"); do
+        run "sp_oktopk_resnet50_mpi_4_r$r" sparse --layout resnet50 --ranks 4 --density 0.001,0.01 --gradients fresh --quick
+      done
+      for p in 8 16; do
+        "$root/bench/netem.sh" down "$p" > /dev/null 2>&1 || true
+        "$root/bench/netem.sh" up "$p" 1gbit > /dev/null
+        for r in $(seq 1 "$repeats"); do
+          netrun "net_sp_oktopk_resnet50_${p}_r$r" "$p" sparse --layout resnet50 --density 0.001 --gradients fresh --quick
+        done
+        "$root/bench/netem.sh" down "$p" > /dev/null
+      done ;;
     netem)
       [[ "$(id -u)" == 0 ]] || { echo "bench/measure.sh netem: run as root (bench/netem.sh makes network namespaces)" >&2; exit 2; }
       "$root/bench/run" kernels --layout resnet20 > /dev/null 2>&1  # builds the benchmark as bench/run does

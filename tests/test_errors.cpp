@@ -579,6 +579,8 @@ TEST_CASE("errors: re-sharding checkpoints (E74-E84)") {
          load_resharded(ex, std::vector<std::filesystem::path>{nowhere});
        }},
   });
+}
+
 // ---- Sparsifier<OkTopK<d>> and the variable-size collectives (issue 24) -----------------------------
 
 TEST_CASE("errors: OkTopK parameters and the variable-size collectives (E85-E89)") {
