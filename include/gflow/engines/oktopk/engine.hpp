@@ -26,6 +26,7 @@
 #include "../../timeline.hpp"
 #include "../../transport/transport.hpp"
 #include "../concepts.hpp"
+#include "../topk/state.hpp"
 
 namespace gflow::detail {
 
@@ -169,14 +170,7 @@ class oktopk_engine {
     std::vector<unit_state> units;
   };
   void save_state(checkpoint_writer& w) const {
-    w.u32(static_cast<std::uint32_t>(index_bytes()));
-    w.f64(density_);
-    w.u64(schedule_.steps().size());
-    for (const auto& st : schedule_.steps()) {
-      w.u64(st.until);
-      w.f64(st.density);
-    }
-    w.f64(schedule_.final_density());
+    write_topk_family_head(w, wide_, density_, schedule_);
     w.array(residual_.data(), residual_.size());
     w.u64(params_.threshold_period);
     w.u64(params_.boundary_period);

@@ -250,31 +250,11 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
 template <class Ctx, double Density>
 auto oktopk_engine<Ctx, Density>::read_state(checkpoint_reader& r) const -> saved_state {
   saved_state s;
-  const std::uint32_t ib = r.u32("index_bytes");
-  if (ib != 4 && ib != 8) r.fail("index_bytes", fmt::format("the checkpoint's index width is {} bytes (4 or 8 expected).", ib));
-  if (ib == 4 && cx_->pool->total > (std::uint64_t{1} << 32)) r.fail("index_bytes", "the checkpoint uses 32-bit indices for a pool of more than 2^32 elements.");
-  s.wide = ib == 8;
-  s.density = r.f64("density");
-  if (!(s.density > 0.0 && s.density <= 1.0)) r.fail("density", fmt::format("the checkpoint's density {:f} is outside (0, 1].", s.density));
-  const std::uint64_t nsteps = r.u64("the density schedule's step count");
-  constexpr std::uint64_t max_steps = std::uint64_t{1} << 20;
-  if (nsteps > max_steps)
-    r.fail("density_schedule", fmt::format("the checkpoint's density schedule claims {} steps; at most {} are allowed.", nsteps, max_steps));
-  std::vector<plan::density_step> steps;
-  for (std::uint64_t i = 0; i < nsteps; ++i) {
-    plan::density_step st;
-    st.until = r.u64("a density schedule step");
-    st.density = r.f64("a density schedule step");
-    steps.push_back(st);
-  }
-  const double fin = r.f64("the final density");
-  try {
-    s.schedule = plan::density_schedule::per_iteration(std::move(steps), fin);
-  } catch (const invalid_argument& e) {
-    r.fail("density_schedule", std::string("the checkpoint's density schedule is invalid: ") + e.what());
-  }
-  r.array_exact(s.residual, cx_->pool->total, "the residual");
-  check_finite(s.residual.data(), s.residual.size(), "residual");
+  topk_family_head h;
+  read_topk_family_state(r, cx_->pool->total, h, s.residual);
+  s.wide = h.wide;
+  s.density = h.density;
+  s.schedule = std::move(h.schedule);
   s.params.threshold_period = r.u64("threshold_period");
   s.params.boundary_period = r.u64("boundary_period");
   s.params.local_adapt = r.f64("local_adapt");
