@@ -145,13 +145,13 @@ for s in "${sections[@]}"; do
     oktopk)
       [[ "$(id -u)" == 0 ]] || { echo "bench/measure.sh oktopk: run as root (bench/netem.sh makes network namespaces)" >&2; exit 2; }
       for r in $(seq 1 "$repeats"); do
-        run "sp_oktopk_resnet50_mpi_4_r$r" sparse --layout resnet50 --ranks 4 --density 0.001,0.01 --gradients fresh --quick
+        run "sp_oktopk_resnet50_mpi_4_r$r" sparse --layout resnet50 --ranks 4 --density 0.001,0.01 --gradients fresh --warmup 30 --iters 7
       done
       for p in 8 16; do
         "$root/bench/netem.sh" down "$p" > /dev/null 2>&1 || true
         "$root/bench/netem.sh" up "$p" 1gbit > /dev/null
         for r in $(seq 1 "$repeats"); do
-          netrun "net_sp_oktopk_resnet50_${p}_r$r" "$p" sparse --layout resnet50 --density 0.001 --gradients fresh --quick
+          netrun "net_sp_oktopk_resnet50_${p}_r$r" "$p" sparse --layout resnet50 --density 0.001 --gradients fresh --warmup 30 --iters 7
         done
         "$root/bench/netem.sh" down "$p" > /dev/null
       done ;;

@@ -142,10 +142,13 @@ struct oktopk_reference {
         std::vector<float> v;
         for (auto [i, w] : F) v.push_back(k_::to_float(w));
         S.global_thr = minmag(v);
-      } else {
-        const auto a = static_cast<float>(prm.global_adapt);
-        if (3 * F.size() < 2 * k) S.global_thr /= a;
-        else if (3 * F.size() > 4 * k) S.global_thr *= a;
+      } else if (3 * F.size() > 4 * k) {  // the k-th largest |value| of the result (sorted here)
+        std::vector<float> mag;
+        for (auto [i, w] : F) mag.push_back(std::fabs(k_::to_float(w)));
+        std::sort(mag.begin(), mag.end(), [](float x, float y) { return x > y; });
+        S.global_thr = mag[k - 1];
+      } else if (3 * F.size() < 2 * k) {
+        S.global_thr /= static_cast<float>(prm.global_adapt);
       }
       // apply and residuals
       const float post = (!narrow && average) ? 1.0f / Pf : 1.0f;

@@ -36,7 +36,7 @@ struct oktopk_params {
   std::uint64_t threshold_period = 32;  // exact local top-k and exact global top-k every this many iterations
   std::uint64_t boundary_period = 64;   // region boundaries re-estimated every this many iterations
   double local_adapt = 1.012;           // local threshold x / ÷ this when a selection leaves [2k/3, 5k/4]
-  double global_adapt = 1.008;          // global threshold x / ÷ this when the result leaves [2k/3, 4k/3]
+  double global_adapt = 1.008;          // global threshold ÷ this when the result has < 2k/3 entries (> 4k/3: set to its k-th largest)
   double capacity = 2.0;                // a threshold selection keeps at most capacity * k entries (else exact top-k)
 };
 

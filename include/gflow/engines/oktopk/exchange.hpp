@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -217,10 +218,16 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
       float tmin = std::numeric_limits<float>::infinity();
       for (const W& w : F_val) tmin = std::min(tmin, std::fabs(kernels::to_float(w)));
       us.global_thr = (!F_val.empty() && std::isfinite(tmin) && tmin > 0.0f) ? tmin : -1.0f;
-    } else {
-      const auto a = static_cast<float>(params_.global_adapt);
-      if (3 * F_idx.size() < 2 * k) us.global_thr /= a;
-      else if (3 * F_idx.size() > 4 * k) us.global_thr *= a;
+    } else if (3 * F_idx.size() > 4 * k) {
+      // Over 4k/3 entries passed a stale threshold (residuals grow between re-estimations): the
+      // k-th largest |value| of the result, which every rank now holds, is the threshold the next
+      // iteration needs. No pass over the pool, no message, the same on every rank.
+      std::vector<float> mag(F_val.size());
+      for (std::size_t j = 0; j < mag.size(); ++j) mag[j] = std::fabs(kernels::to_float(F_val[j]));
+      std::nth_element(mag.begin(), mag.begin() + static_cast<std::ptrdiff_t>(k - 1), mag.end(), std::greater<float>());
+      us.global_thr = mag[k - 1];
+    } else if (3 * F_idx.size() < 2 * k) {
+      us.global_thr /= static_cast<float>(params_.global_adapt);
     }
   } catch (...) {
     kernels::restore_unselected(residual_.data(), idx.data(), mine.data(), cnt, static_cast<const I*>(nullptr), 0, unscale_);
