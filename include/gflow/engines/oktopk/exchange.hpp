@@ -38,7 +38,6 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
   k_total_ += k;
   ++selections_;
   const std::uint64_t cap = std::max<std::uint64_t>(k, static_cast<std::uint64_t>(std::ceil(params_.capacity * static_cast<double>(k))));
-  const std::size_t wsz = sizeof(I) + sizeof(W);
 
   // Everything below until the residual update only reads the residual: on any error (a rejected
   // message on any rank, a transport error, a timeout) this rank's own selection goes back.
