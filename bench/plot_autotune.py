@@ -5,6 +5,16 @@ from collections import defaultdict
 
 from plot_common import load
 
+def fixed_and_tuned(rs):
+    """The fixed-threshold rows of one configuration, its last auto-tuned row and the fastest fixed
+    row; None when either kind is missing."""
+    fixed = [r for r in rs if r["variant"] == "fixed"]
+    auto = [r for r in rs if r["variant"] == "autotuned"]
+    if not fixed or not auto:
+        return None
+    return fixed, auto[-1], min(fixed, key=lambda r: r["iteration_s"])
+
+
 def autotune_table(rows, out=None):
     groups = defaultdict(list)
     for r in rows:
@@ -27,12 +37,10 @@ def autotune_table(rows, out=None):
         last = [i for i, r in enumerate(rs) if r["variant"] == "autotuned"]
         if len(last) > 1:
             rs = rs[last[-2] + 1:]
-        fixed = [r for r in rs if r["variant"] == "fixed"]
-        auto = [r for r in rs if r["variant"] == "autotuned"]
-        if not fixed or not auto:
+        split = fixed_and_tuned(rs)
+        if split is None:
             continue
-        a = auto[-1]
-        best = min(fixed, key=lambda r: r["iteration_s"])
+        fixed, a, best = split
         # DDP's and Horovod's thresholds: the best row at that threshold (over the switches for Hybrid)
         f25 = min((r for r in fixed if r["threshold_bytes"] == 25 << 20), key=lambda r: r["iteration_s"])
         f64 = min((r for r in fixed if r["threshold_bytes"] == 64 << 20), key=lambda r: r["iteration_s"])
@@ -56,12 +64,10 @@ def tuner_runs(paths):
         rows = [r for r in load([f]) if r.get("suite") == "overlap" and r.get("variant") in ("fixed", "autotuned")]
         for ratio in sorted({r["compute_ratio"] for r in rows}):
             rs = [r for r in rows if r["compute_ratio"] == ratio]
-            fixed = [r for r in rs if r["variant"] == "fixed"]
-            auto = [r for r in rs if r["variant"] == "autotuned"]
-            if not fixed or not auto:
+            split = fixed_and_tuned(rs)
+            if split is None:
                 continue
-            a = auto[-1]
-            best = min(fixed, key=lambda r: r["iteration_s"])
+            fixed, a, best = split
             same = [r for r in fixed if r["threshold_bytes"] == a["threshold_bytes"] and r.get("hybrid_switch_bytes", 0) == a.get("hybrid_switch_bytes", 0)]
             f25 = min((r for r in fixed if r["threshold_bytes"] == 25 << 20), key=lambda r: r["iteration_s"])
             f64 = min((r for r in fixed if r["threshold_bytes"] == 64 << 20), key=lambda r: r["iteration_s"])
