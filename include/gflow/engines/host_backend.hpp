@@ -130,6 +130,10 @@ struct host_backend {
                                                 kernels::topk_workspace& ws) {
       return kernels::accumulate_select_topk(g, res, n, k, base, out, ws);
     }
+    std::size_t accumulate_gather_above(const float* g, float* res, std::size_t n, std::uint32_t t, std::uint64_t base, std::uint64_t* pos,
+                                        std::uint32_t* keys, std::size_t cap) {
+      return kernels::accumulate_gather_above(g, res, n, t, base, pos, keys, cap);
+    }
     /// On a unit [off, off + n) whose residual holds G: take the selection into `out` (the
     /// residual keeps what was not sent); should every selected G be inf/NaN with count < n,
     /// the unit's other inf/NaN are dropped from the residual (decided before the take).

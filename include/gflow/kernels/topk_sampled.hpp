@@ -303,6 +303,18 @@ topk_result sampled_topk(const float* g, float* v, std::size_t n, std::size_t k,
 
 }  // namespace detail
 
+/// A threshold selection in one pass (OkTopK's, engines/oktopk/engine.hpp): G = g + residual into
+/// residual over the whole unit (g is only read) and, in increasing order, base + i and the key
+/// of every element whose key is >= t (t >= 1: zeros are never gathered), at most cap of them.
+/// Returns how many were gathered, or cap + 1 when there were more (then pos / keys hold the
+/// first cap). The gathering pass (b) of accumulate_select_topk with the caller's threshold:
+/// AVX2 where the CPU has it, the scalar twin elsewhere, the same float addition either way.
+inline std::size_t accumulate_gather_above(const float* g, float* residual, std::size_t n, std::uint32_t t, std::uint64_t base,
+                                           std::uint64_t* pos, std::uint32_t* keys, std::size_t cap) noexcept {
+  assert(t >= 1);
+  return detail::gather<true>(g, residual, n, t, base, pos, keys, cap);
+}
+
 /// G = g + residual into residual (g is only read), then exactly select_topk(G, n, k, base, out):
 /// the k largest |G| (ties to the lower index, NaN above inf), base + position in increasing
 /// order, min(k, n) of them. ws: reserve(n, k) (or larger) beforehand; nothing is allocated here.

@@ -242,29 +242,25 @@ class oktopk_engine {
     std::size_t cnt = 0;
     if (!exact) {
       const std::uint32_t tk = std::max<std::uint32_t>(kernels::magnitude_key(us.local_thr), 1u);  // zeros are never selected
-      for (std::size_t i = 0; i < n; ++i) {
-        const float v = g[i] + res[i];
-        res[i] = v;
-        if (kernels::magnitude_key(v) >= tk) {
-          if (cnt < ccap) idx[cnt] = static_cast<I>(off + i);
-          ++cnt;
-        }
-      }
-      if (cnt > cap && cnt <= ccap) {  // the threshold is too low: the exact top-k among the candidates
-        cand_keys_.resize(cnt);
-        for (std::size_t j = 0; j < cnt; ++j) cand_keys_[j] = kernels::magnitude_key(residual_[static_cast<std::size_t>(idx[j])]);
-        const kernels::threshold t = kernels::radix_threshold_keys(cand_keys_.data(), cnt, k, ws_.keys.data());
+      cand_pos_.resize(ccap);
+      cand_keys_.resize(ccap);
+      const std::size_t c = cx_->kernels->accumulate_gather_above(g, res, n, tk, off, cand_pos_.data(), cand_keys_.data(), ccap);
+      if (c <= cap) {
+        cnt = c;
+        for (std::size_t j = 0; j < c; ++j) idx[j] = static_cast<I>(cand_pos_[j]);
+      } else if (c <= ccap) {  // the threshold is too low: the exact top-k among the candidates
+        const kernels::threshold t = kernels::radix_threshold_keys(cand_keys_.data(), c, k, ws_.keys.data());
         std::size_t take = t.take, m = 0;
-        for (std::size_t j = 0; j < cnt; ++j) {
+        for (std::size_t j = 0; j < c; ++j) {
           const std::uint32_t key = cand_keys_[j];
           if (key > t.key || (key == t.key && take > 0)) {
             if (key == t.key) --take;
-            idx[m++] = idx[j];
+            idx[m++] = static_cast<I>(cand_pos_[j]);
           }
         }
         cnt = m;
         exact = true;
-      } else if (cnt > ccap) {  // far too low: exact top-k of the G already in the residual
+      } else {  // far too low (over 4 x capacity): exact top-k of the G already in the residual
         cnt = kernels::select_topk(res, n, k, off, idx.data(), ws_.keys.data());
         ++reest_.second_pass;
         exact = true;
@@ -311,7 +307,8 @@ class oktopk_engine {
   std::vector<unit_state> units_;
   std::vector<std::uint32_t> idx32_;
   std::vector<std::uint64_t> idx64_;
-  std::vector<std::uint32_t> cand_keys_;  // the over-capacity candidates' keys
+  std::vector<std::uint64_t> cand_pos_;   // the threshold pass's candidates (pool positions) ...
+  std::vector<std::uint32_t> cand_keys_;  // ... and their keys
   std::vector<std::uint64_t> selected_, exchanged_;
   // per-unit scratch (host; grown as needed, kept between iterations)
   std::vector<W> mine_val_;
