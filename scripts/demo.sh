@@ -30,12 +30,12 @@ if ! [[ "$epochs" =~ ^[1-9][0-9]*$ ]]; then echo "demo.sh: --epochs needs a posi
 
 bash "$root/scripts/install-deps.sh"
 build="${GFLOW_DEMO_BUILD:-$root/build-demo}"
-runs=(train_dense train_fp16 train_csc train_topk train_easgd)
+runs=(train_dense train_fp16 train_csc train_topk train_oktopk train_easgd)
 if ((full)); then
   runs=(train_dense train_fp16 train_bf16 train_csc train_topk train_gtopk train_oktopk train_hier train_funneled train_concurrent train_chained train_easgd)
 fi
 if ((torch)); then
-  runs=(torch_dense torch_fp16 torch_csc torch_topk torch_funneled)
+  runs=(torch_dense torch_fp16 torch_csc torch_topk torch_oktopk torch_funneled)
   ((full)) && runs=(torch_dense torch_fp16 torch_csc torch_topk torch_gtopk torch_oktopk torch_funneled)
 fi
 if ((python)); then
