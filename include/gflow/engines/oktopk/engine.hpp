@@ -3,8 +3,9 @@
 //
 // detail::oktopk_engine: the engine of Sparsifier<OkTopK<d>> (Ok-Topk: Li & Hoefler, PPoPP'22;
 // what it does, its residual rule, its defaults and its limits are described with the tag in
-// policies/oktopk.hpp). This file holds the class, its settings, its checkpoint and the local
-// selection; the split-and-reduce and the balance-and-allgatherv are in exchange.hpp.
+// policies/oktopk.hpp). This file holds the class, its parameters, its checkpoint and the local
+// selection (the density, schedule and index width: topk/settings.hpp, shared with TopK and
+// GTopK); the split-and-reduce and the balance-and-allgatherv are in exchange.hpp.
 // Host memory only: the device path is not written yet (static_assert below).
 #include <algorithm>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include "../../timeline.hpp"
 #include "../../transport/transport.hpp"
 #include "../concepts.hpp"
+#include "../topk/settings.hpp"
 #include "../topk/state.hpp"
 
 namespace gflow::detail {
@@ -53,7 +55,12 @@ inline void check_oktopk_params(const oktopk_params& p) {
 }
 
 template <class Ctx, double Density>
-class oktopk_engine {
+class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
+  using settings = topk_settings<oktopk_engine>;
+  friend settings;
+  using settings::schedule_;
+  using settings::density_;
+  using settings::wide_;
   using T = typename Ctx::transport_type;
   using W = typename Ctx::wire_type;
   using B = typename Ctx::backend;
@@ -83,8 +90,7 @@ class oktopk_engine {
     std::size_t second_pass = 0;  // threshold selections so far over capacity that a full radix select ran after them
   };
 
-  explicit oktopk_engine(Ctx& cx) : cx_(&cx), schedule_(plan::density_schedule::constant(Density)) {
-    wide_ = cx.pool->total > (std::uint64_t{1} << 32);
+  explicit oktopk_engine(Ctx& cx) : settings(Density, cx.pool->total), cx_(&cx) {
     residual_.assign(cx.pool->total, 0.0f);
     replan();
   }
@@ -128,17 +134,9 @@ class oktopk_engine {
   /// Transport calls this rank made this iteration.
   [[nodiscard]] std::size_t collectives() const noexcept { return collectives_; }
 
-  // ---- run-time settings (between iterations; the same on every rank) ----------------------
-  void set_density(double d) {
-    plan::check_density(d);
-    set_schedule(plan::density_schedule::constant(d));
-  }
-  void set_schedule(plan::density_schedule s) {
-    schedule_ = std::move(s);
-    replan();
-  }
-  [[nodiscard]] const plan::density_schedule& schedule() const noexcept { return schedule_; }
-  [[nodiscard]] double density() const noexcept { return density_; }
+  // Run-time settings: set_density, set_schedule (replans: thresholds and boundaries are estimated
+  // again), schedule(), density(), set_index_bytes (thresholds and boundaries kept), index_bytes()
+  // (topk_settings, engines/topk/settings.hpp).
   /// Periods, adaptation factors and capacity (validated: invalid_argument naming the field).
   /// Thresholds and boundaries already estimated are kept.
   void set_params(const oktopk_params& p) {
@@ -146,15 +144,6 @@ class oktopk_engine {
     params_ = p;
   }
   [[nodiscard]] const oktopk_params& params() const noexcept { return params_; }
-  void set_index_bytes(std::size_t bytes) {
-    if (bytes != 4 && bytes != 8)
-      throw invalid_argument("index_bytes", fmt::format("indices travel as 4 or 8 bytes (got {}).", bytes), "pass 4 or 8.");
-    if (bytes == 4 && cx_->pool->total > (std::uint64_t{1} << 32))
-      throw invalid_argument("index_bytes", fmt::format("the pool has {} elements; 32-bit indices address at most 2^32.", cx_->pool->total),
-                             "keep 8-byte indices for this layout.");
-    wide_ = bytes == 8;
-  }
-  [[nodiscard]] std::size_t index_bytes() const noexcept { return wide_ ? 8 : 4; }
 
   // ---- checkpoint ---------------------------------------------------------------------------
   // Format (after the exchanger's header): u32 index bytes, f64 density, the schedule (u64 steps,
@@ -295,15 +284,15 @@ class oktopk_engine {
     else return idx64_;
   }
 
+  void index_width_changed() {}  // the index-typed buffers are sized on use
+
   std::string fix_text() const {
     return "make every rank use the same layout, fusion, density schedule, OkTopK parameters and index width; otherwise the "
            "transport delivered corrupted bytes. This iteration's gradients were not exchanged; they stay in the residual.";
   }
 
   Ctx* cx_;
-  plan::density_schedule schedule_;
   oktopk_params params_{};
-  bool wide_ = false;
   bool fused_ = false;
   float scale_ = 1.0f, unscale_ = 1.0f;
   std::vector<float> residual_;
@@ -318,7 +307,6 @@ class oktopk_engine {
   std::vector<float> decoded_;
   std::vector<std::uint8_t> send_buf_, recv_buf_;
   std::vector<std::pair<std::uint64_t, float>> red_;  // (index, value) received for this rank's region, then the sums
-  double density_ = Density;
   std::size_t wire_bytes_ = 0, collectives_ = 0, k_total_ = 0, selections_ = 0;
   reestimations reest_{};
 };
