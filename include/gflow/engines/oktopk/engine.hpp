@@ -3,9 +3,9 @@
 //
 // detail::oktopk_engine: the engine of Sparsifier<OkTopK<d>> (Ok-Topk: Li & Hoefler, PPoPP'22;
 // what it does, its residual rule, its defaults and its limits are described with the tag in
-// policies/oktopk.hpp). This file holds the class, its parameters, its checkpoint and the local
-// selection (the density, schedule and index width: topk/settings.hpp, shared with TopK and
-// GTopK); the split-and-reduce and the balance-and-allgatherv are in exchange.hpp.
+// policies/oktopk.hpp). This file holds the class, its parameters, its buffers, its checkpoint and
+// the local selection (the density, schedule and index width: topk/settings.hpp, shared with
+// TopK and GTopK); the split-and-reduce and the balance-and-allgatherv are in exchange.hpp.
 // Host memory only: the device path is not written yet (static_assert below).
 #include <algorithm>
 #include <cmath>
@@ -111,11 +111,14 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
     } else {
       unit(cx_->pool->total);
     }
-    if (ws_.keys.size() < ncap) ws_.keys.assign(ncap, 0);  // the over-capacity fallback's scratch
+    if (ws_.keys.size() < ncap) ws_.keys.assign(ncap, 0);  // the over-capacity fallback's and the global top-k's scratch
+    const int P = cx_->transport->size();
     units_.assign(units, unit_state{});
-    const float Pf = static_cast<float>(cx_->transport->size());
+    for (auto& us : units_) us.bounds.reserve(static_cast<std::size_t>(P) + 1);
+    const float Pf = static_cast<float>(P);
     scale_ = (Ctx::narrow && cx_->average) ? 1.0f / Pf : 1.0f;
     unscale_ = (Ctx::narrow && cx_->average) ? Pf : 1.0f;
+    size_buffers();
   }
 
   void exchange(std::size_t b) {
@@ -142,6 +145,7 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   void set_params(const oktopk_params& p) {
     check_oktopk_params(p);
     params_ = p;
+    size_buffers();  // a larger capacity: larger bounds
   }
   [[nodiscard]] const oktopk_params& params() const noexcept { return params_; }
 
@@ -199,6 +203,21 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   [[nodiscard]] reestimations reestimated() const noexcept { return reest_; }
 
  private:
+  /// The index-typed buffers of one index width.
+  template <class I>
+  struct index_lists {
+    std::vector<I> sel;     // this rank's selection (room for the threshold path's candidates)
+    std::vector<I> recv;    // the entries received for this rank's region, peer after peer
+    std::vector<I> kept;    // this rank's reduced entries that it all-gathers
+    std::vector<I> result;  // the applied entries (F), every region in rank order
+    void reserve(std::size_t ncand, std::size_t nrecv, std::size_t nres) {
+      sel.reserve(ncand);
+      recv.reserve(nrecv);
+      kept.reserve(nres);
+      result.reserve(nres);
+    }
+  };
+
   void begin_iteration() {
     density_ = schedule_.at(*cx_->iteration);
     wire_bytes_ = collectives_ = k_total_ = selections_ = 0;
@@ -218,11 +237,11 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   // the exact top-k is taken among the candidates it gathered (up to 4 x capacity: every element
   // at or above the threshold is one, so the k largest are among them), without another pass;
   // only beyond that a full radix select of the G already stored (reestimations::second_pass).
-  // Returns the count; the indices, increasing, are in idx_buf<I>().
+  // Returns the count; the indices, increasing, are in lists<I>().sel.
   template <class I>
   std::size_t select(unit_state& us, std::size_t off, std::size_t n, std::size_t k) {
-    std::vector<I>& idx = idx_buf<I>();
-    const std::size_t cap = std::max<std::size_t>(k, static_cast<std::size_t>(std::ceil(params_.capacity * static_cast<double>(k))));
+    std::vector<I>& idx = lists<I>().sel;
+    const std::size_t cap = cap_for(k);
     const std::size_t ccap = 4 * cap;  // candidates gathered before a second pass is needed
     idx.resize(ccap);
     const float* g = cx_->grads + off;
@@ -278,13 +297,77 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   template <class I>
   void run(std::size_t u, std::size_t off, std::size_t n);  // exchange.hpp
 
-  template <class I>
-  std::vector<I>& idx_buf() noexcept {
-    if constexpr (std::same_as<I, std::uint32_t>) return idx32_;
-    else return idx64_;
+  /// The most a threshold selection of k keeps (capacity x k, at least k).
+  [[nodiscard]] std::size_t cap_for(std::size_t k) const noexcept {
+    return std::max<std::size_t>(k, static_cast<std::size_t>(std::ceil(params_.capacity * static_cast<double>(k))));
   }
 
-  void index_width_changed() {}  // the index-typed buffers are sized on use
+  // Every buffer an iteration uses, reserved for the bounds the checks enforce, so that an
+  // iteration allocates nothing (tests/engines/test_oktopk.cpp counts): per unit of n elements,
+  // with k for the schedule's largest density and c = cap_for(k), a selection holds at most
+  // 4c candidates and c entries; a rank receives at most c entries from each peer for its region
+  // (check_count), so at most P c, summed into at most min(P c, n); the result is the union of
+  // every rank's selection, at most min(P c, n) entries (a corrupt peer's larger block, still
+  // checked against the region's size, grows the buffers once). Only grows.
+  void size_buffers() {
+    const double dmax = schedule_.max();
+    const std::size_t P = static_cast<std::size_t>(cx_->transport->size());
+    std::size_t kmax = 0, cmax = 0, recv = 0, res = 0, sel_total = 0, res_total = 0;
+    auto unit = [&](std::size_t n) {
+      const std::size_t k = plan::k_for(dmax, n), c = cap_for(k);
+      kmax = std::max(kmax, k);
+      cmax = std::max(cmax, c);
+      recv = std::max(recv, P * c);
+      res = std::max(res, std::min(n, P * c));
+      sel_total += c;
+      res_total += std::min(n, P * c);
+    };
+    if (fused_) {
+      for (const auto& b : *cx_->buckets) unit(b.count);
+    } else {
+      unit(cx_->pool->total);
+    }
+    if (wide_) {
+      l32_ = {};
+      l64_.reserve(4 * cmax, recv, res);
+    } else {
+      l64_ = {};
+      l32_.reserve(4 * cmax, recv, res);
+    }
+    cand_keys_.reserve(4 * cmax);
+    mine_val_.reserve(cmax);
+    recv_val_.reserve(recv);
+    red_.reserve(res);
+    kept_val_.reserve(res);
+    kept_err_.reserve(res);
+    result_val_.reserve(res);
+    decoded_.reserve(res);
+    mag_.reserve(res);
+    pick_.reserve(kmax);
+    const std::size_t msg = P * sparse_message::header_bytes + recv * (this->index_bytes() + sizeof(W));
+    send_buf_.reserve(msg);
+    recv_buf_.reserve(msg);
+    selected_.reserve(sel_total);
+    exchanged_.reserve(res_total);
+    cuts_.assign(P > 1 ? P - 1 : 0, 0);
+    pos_.assign(P + 1, 0);
+    from_.assign(P + 1, 0);
+    at_.assign(P, 0);
+    sc_n_.assign(P, 0);
+    rc_n_.assign(P, 0);
+    sbytes_.assign(P, 0);
+    rbytes_.assign(P, 0);
+    gbytes_.assign(P, 0);
+    hdrs_.assign(P, sparse_message::header{});
+    heap_.reserve(P);
+  }
+  void index_width_changed() { size_buffers(); }
+
+  template <class I>
+  index_lists<I>& lists() noexcept {
+    if constexpr (std::same_as<I, std::uint32_t>) return l32_;
+    else return l64_;
+  }
 
   std::string fix_text() const {
     return "make every rank use the same layout, fusion, density schedule, OkTopK parameters and index width; otherwise the "
@@ -298,15 +381,23 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   std::vector<float> residual_;
   kernels::topk_workspace ws_;
   std::vector<unit_state> units_;
-  std::vector<std::uint32_t> idx32_;
-  std::vector<std::uint64_t> idx64_;
   std::vector<std::uint32_t> cand_keys_;  // the over-capacity candidates' keys
   std::vector<std::uint64_t> selected_, exchanged_;
-  // per-unit scratch (host; grown as needed, kept between iterations)
-  std::vector<W> mine_val_;
-  std::vector<float> decoded_;
+  // per-unit scratch (host; sized by size_buffers, kept between iterations)
+  index_lists<std::uint32_t> l32_;  // only the index width in use is sized
+  index_lists<std::uint64_t> l64_;
+  std::vector<W> mine_val_, recv_val_, kept_val_, result_val_;  // the values of sel, recv, kept, result
+  std::vector<float> kept_err_;  // each kept entry's rounding in the wire type
+  std::vector<std::pair<std::uint64_t, float>> red_;  // the sums of this rank's region, by index
+  std::vector<float> decoded_, mag_;
+  std::vector<std::uint64_t> pick_;  // the exact global top-k's positions in the result
   std::vector<std::uint8_t> send_buf_, recv_buf_;
-  std::vector<std::pair<std::uint64_t, float>> red_;  // (index, value) received for this rank's region, then the sums
+  std::vector<std::uint64_t> cuts_;  // the boundary proposals (P - 1)
+  std::vector<std::size_t> pos_, from_, at_;  // per peer: where its entries start in sel / recv (P + 1), a merge cursor (P)
+  std::vector<std::uint64_t> sc_n_, rc_n_;     // per peer: entries sent / received
+  std::vector<std::size_t> sbytes_, rbytes_, gbytes_;  // per peer: bytes sent / received in all_to_allv, received in all_gatherv
+  std::vector<sparse_message::header> hdrs_;   // every rank's all-gathered header
+  std::vector<std::pair<std::uint64_t, std::size_t>> heap_;  // the merge's heads: (index, peer)
   std::size_t wire_bytes_ = 0, collectives_ = 0, k_total_ = 0, selections_ = 0;
   reestimations reest_{};
 };
