@@ -1,7 +1,7 @@
 // Sparsifier<OkTopK<d>>: results against the straightforward reference (tests/oktopk_reference.hpp)
 // bitwise on 1..8 in-process ranks, identical on every rank, conservation (bitwise on dyadic
 // inputs, to 1e-5 on random ones), who keeps what the global selection dropped, the wire traffic,
-// bad messages on every rank, checkpoints, parameters.
+// bad messages on every rank, checkpoints, parameters, no allocation per iteration once warm.
 #include <doctest/doctest.h>
 
 #include <gflow/exchanger.hpp>
@@ -9,6 +9,8 @@
 #include <gflow/transport/mock.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -44,13 +46,14 @@ detail::oktopk_params short_periods() {
   return p;
 }
 
-template <class E>
-void check_oktopk(int P, const Layout& l, int iters, int mode, double density, std::size_t threshold, detail::oktopk_params prm, bool average = true) {
+/// Runs E on P in-process ranks (gradients gfn(rank, element, iteration)) and checks every
+/// rank's result, residual and exchanged() against the reference, bitwise, every iteration.
+template <class E, class Gfn>
+void check_oktopk_on(int P, const Layout& l, int iters, Gfn gfn, double density, std::size_t threshold, detail::oktopk_params prm, bool average = true) {
   using W = typename E::template on<inproc::transport>::wire_type;
   exchange_options o;
   o.average = average;
   if (threshold) o.threshold_bytes = threshold;
-  auto gfn = [mode](int r, std::size_t i, int it) { return grad(mode, r, i, it) * (1.0f + static_cast<float>(i % 5)); };
   auto tr = run_ranks<E>(
       P, l, iters, gfn,
       [&](auto& ex) {
@@ -75,6 +78,12 @@ void check_oktopk(int P, const Layout& l, int iters, int mode, double density, s
   }
 }
 
+template <class E>
+void check_oktopk(int P, const Layout& l, int iters, int mode, double density, std::size_t threshold, detail::oktopk_params prm, bool average = true) {
+  auto gfn = [mode](int r, std::size_t i, int it) { return grad(mode, r, i, it) * (1.0f + static_cast<float>(i % 5)); };
+  check_oktopk_on<E>(P, l, iters, gfn, density, threshold, prm, average);
+}
+
 }  // namespace
 
 TEST_CASE("in-process: OkTopK equals the reference bitwise (results, residuals, exchanged on every rank), P = 1..8") {
@@ -89,6 +98,29 @@ TEST_CASE("in-process: OkTopK equals the reference bitwise (results, residuals, 
       check_oktopk<Exchanger<Sparsifier<OkTopK<0.02>>, Precision<wire::bf16>>>(P, l, 8, mode, 0.03, 4096, short_periods(), false);
     }
     check_oktopk<Exchanger<Sparsifier<OkTopK<0.01>>>>(P, l, 40, 0, 0.01, 0, detail::oktopk_params{});  // the defaults
+  }
+}
+
+TEST_CASE("in-process: every rank selects the same indices; OkTopK adds each index's values in rank order 0..P-1, bitwise as the reference") {
+  // k = n/100 shared entries of random magnitude in [1, 2) on every rank: each reduced index has P
+  // contributors, whose fp32 sum depends on the order of the additions.
+  auto l = Layout::from_sizes({3000});
+  auto gfn = [](int r, std::size_t i, int it) {
+    const float u = grad(0, r, i, it);
+    return i % 100 == 7 ? 1.0f + 0.999f * std::fabs(u) : 1e-4f * u;
+  };
+  for (int P : {3, 5, 8}) {
+    CAPTURE(P);
+    std::size_t order_matters = 0;  // indices where the reverse order gives other bits (so the test can tell)
+    for (std::size_t i = 7; i < 3000; i += 100) {
+      float fwd = gfn(0, i, 0), rev = gfn(P - 1, i, 0);
+      for (int q = 1; q < P; ++q) fwd += gfn(q, i, 0);
+      for (int q = P - 2; q >= 0; --q) rev += gfn(q, i, 0);
+      order_matters += fwd != rev;
+    }
+    CHECK(order_matters > 0);
+    check_oktopk_on<Exchanger<Sparsifier<OkTopK<0.01>>>>(P, l, 8, gfn, 0.01, 0, short_periods());
+    check_oktopk_on<Exchanger<Sparsifier<OkTopK<0.01>>, Precision<wire::fp16>>>(P, l, 8, gfn, 0.01, 0, short_periods());
   }
 }
 
@@ -491,4 +523,137 @@ TEST_CASE("local selection over capacity: the exact top-k is taken among the can
   CHECK(second[2] == 0);
   CHECK(local[5] == 1);  // flooded: the full radix select
   CHECK(second[5] == 1);
+}
+
+// ---- no allocation per iteration once warm --------------------------------------------------
+
+namespace gflow_test {  // the counting operator new of test_exchanger.cpp
+extern std::atomic<bool> g_counting;
+extern std::atomic<long> g_allocs;
+extern thread_local bool t_uncounted;
+}  // namespace gflow_test
+
+namespace {
+// In-process transport whose own allocations (the collectives' bookkeeping in its group) are not
+// counted, so that the count is the engine's and the exchanger's.
+class uncounted_transport : public inproc::transport {
+ public:
+  explicit uncounted_transport(inproc::transport t) : inproc::transport(std::move(t)) {}
+  template <wire_element E>
+  void all_reduce(E* b, std::size_t n, reduce_op op) {
+    pause p;
+    inproc::transport::all_reduce(b, n, op);
+  }
+  template <wire_element E>
+  void all_gather(const E* s, E* r, std::size_t n) {
+    pause p;
+    inproc::transport::all_gather(s, r, n);
+  }
+  template <wire_element E>
+  void all_to_all(const E* s, E* r, std::size_t n) {
+    pause p;
+    inproc::transport::all_to_all(s, r, n);
+  }
+  template <wire_element E>
+  void all_to_allv(const E* s, const std::size_t* sc, E* r, const std::size_t* rc) {
+    pause p;
+    inproc::transport::all_to_allv(s, sc, r, rc);
+  }
+  template <wire_element E>
+  void all_gatherv(const E* s, std::size_t n, E* r, const std::size_t* c) {
+    pause p;
+    inproc::transport::all_gatherv(s, n, r, c);
+  }
+  void barrier() {
+    pause p;
+    inproc::transport::barrier();
+  }
+  uncounted_transport split(int color, int key) { return uncounted_transport(inproc::transport::split(color, key)); }
+
+ private:
+  struct pause {
+    bool was = gflow_test::t_uncounted;
+    pause() { gflow_test::t_uncounted = true; }
+    ~pause() { gflow_test::t_uncounted = was; }
+    pause(const pause&) = delete;
+    pause& operator=(const pause&) = delete;
+  };
+};
+static_assert(gflow::variable_transport<uncounted_transport>);
+
+struct counted_run {
+  long allocations = -1;
+  // what rank 0's counted iterations ran, summed over their selection units: exact local top-k,
+  // boundary estimates, exact global top-k, threshold selections
+  std::size_t local = 0, boundary = 0, global = 0, threshold = 0;
+};
+
+/// Heap allocations (every rank's, the transport's aside) in `counted` iterations of E on P
+/// ranks after `warm` iterations; random gradients (counts vary), periods 3 (exact local and
+/// global top-k) and 2 (boundaries), the density schedule `sched`.
+template <class E>
+counted_run oktopk_allocations(int P, const Layout& l, int warm, int counted, const plan::density_schedule& sched, std::size_t index_bytes = 4) {
+  detail::oktopk_params prm = short_periods();
+  prm.threshold_period = 3;
+  prm.boundary_period = 2;
+  counted_run out;
+  inproc::run(
+      P,
+      [&](inproc::transport& base) {
+        uncounted_transport t(base);
+        typename E::template on<uncounted_transport> ex(t, l);
+        ex.sparsifier().set_schedule(sched);
+        ex.sparsifier().set_params(prm);
+        ex.sparsifier().set_index_bytes(index_bytes);
+        auto step = [&](int it) {
+          for (std::size_t i = 0; i < l.total_numel(); ++i) ex.pool_data()[i] = grad(1, t.rank(), i, it) * (1.0f + static_cast<float>(i % 5));
+          for (std::size_t b = 0; b < l.size(); ++b) ex.ready(b);
+          (void)ex.finish();
+        };
+        for (int it = 0; it < warm; ++it) step(it);
+        if (t.rank() == 0) {
+          gflow_test::g_allocs = 0;
+          gflow_test::g_counting = true;
+        }
+        t.barrier();
+        for (int it = warm; it < warm + counted; ++it) {
+          step(it);
+          if (t.rank() == 0) {
+            const auto r = ex.sparsifier().reestimated();
+            out.local += r.local;
+            out.boundary += r.boundary;
+            out.global += r.global;
+            out.threshold += ex.sparsifier().selections() - r.local;
+          }
+        }
+        t.barrier();
+        if (t.rank() == 0) {
+          gflow_test::g_counting = false;
+          out.allocations = gflow_test::g_allocs.load();
+        }
+      },
+      std::chrono::seconds(60));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("an OkTopK iteration allocates nothing once warm, re-estimation iterations included (in-process; the transport's own allocations aside)") {
+  auto l = Layout::from_sizes({1000, 3, 257, 4096, 1, 77, 512});
+  const auto constant = plan::density_schedule::constant(0.02);
+  // k grows after the warm-up: buffers are sized for the schedule's largest density
+  const auto growing = plan::density_schedule::per_iteration({{8, 0.01}}, 0.03);
+  auto check = [](const counted_run& r) {
+    CHECK(r.allocations == 0);
+    CHECK(r.local > 0);  // the counted iterations include exact local and global top-k,
+    CHECK(r.global > 0);
+    CHECK(r.boundary > 0);  // boundary estimates,
+    CHECK(r.threshold > 0);  // and threshold selections
+  };
+  for (int P : {1, 3, 4}) {
+    CAPTURE(P);
+    check(oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>>>(P, l, 6, 10, constant));
+    check(oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>, Fusion<4096>>>(P, l, 6, 10, growing, 8));
+    check(oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>, Precision<wire::fp16>>>(P, l, 6, 10, growing));
+    check(oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>, Fusion<4096>, Precision<wire::bf16>>>(P, l, 6, 10, constant));
+  }
 }

@@ -57,7 +57,9 @@
 // parameters and, per unit, both thresholds and the boundaries. Introspection: residual(),
 // selected(), exchanged(), k(), wire_bytes() (every round), reestimated() (which iterations
 // paid for an exact selection, a boundary estimate or an exact global top-k), unit(u).
-// Host memory only (MPI, in-process and mock transports); the device path is not written.
+// Buffers are reserved for the schedule's largest density: an iteration allocates nothing once
+// warm, re-estimations included. Host memory only (MPI, in-process and mock transports); the
+// device path is not written.
 #include <concepts>
 
 #include "../engines/oktopk.hpp"

@@ -3,8 +3,9 @@
 //
 // detail::oktopk_engine: the engine of Sparsifier<OkTopK<d>> (Ok-Topk: Li & Hoefler, PPoPP'22;
 // what it does, its residual rule, its defaults and its limits are described with the tag in
-// policies/oktopk.hpp). This file holds the class, its settings, its checkpoint and the local
-// selection; the split-and-reduce and the balance-and-allgatherv are in exchange.hpp.
+// policies/oktopk.hpp). This file holds the class, its parameters, its buffers, its checkpoint and
+// the local selection (the density, schedule and index width: topk/settings.hpp, shared with
+// TopK and GTopK); the split-and-reduce and the balance-and-allgatherv are in exchange.hpp.
 // Host memory only: the device path is not written yet (static_assert below).
 #include <algorithm>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include "../../timeline.hpp"
 #include "../../transport/transport.hpp"
 #include "../concepts.hpp"
+#include "../topk/settings.hpp"
 #include "../topk/state.hpp"
 
 namespace gflow::detail {
@@ -53,7 +55,12 @@ inline void check_oktopk_params(const oktopk_params& p) {
 }
 
 template <class Ctx, double Density>
-class oktopk_engine {
+class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
+  using settings = topk_settings<oktopk_engine>;
+  friend settings;
+  using settings::schedule_;
+  using settings::density_;
+  using settings::wide_;
   using T = typename Ctx::transport_type;
   using W = typename Ctx::wire_type;
   using B = typename Ctx::backend;
@@ -83,8 +90,7 @@ class oktopk_engine {
     std::size_t second_pass = 0;  // threshold selections so far over capacity that a full radix select ran after them
   };
 
-  explicit oktopk_engine(Ctx& cx) : cx_(&cx), schedule_(plan::density_schedule::constant(Density)) {
-    wide_ = cx.pool->total > (std::uint64_t{1} << 32);
+  explicit oktopk_engine(Ctx& cx) : settings(Density, cx.pool->total), cx_(&cx) {
     residual_.assign(cx.pool->total, 0.0f);
     replan();
   }
@@ -105,11 +111,14 @@ class oktopk_engine {
     } else {
       unit(cx_->pool->total);
     }
-    if (ws_.keys.size() < ncap) ws_.keys.assign(ncap, 0);  // the over-capacity fallback's scratch
+    if (ws_.keys.size() < ncap) ws_.keys.assign(ncap, 0);  // the over-capacity fallback's and the global top-k's scratch
+    const int P = cx_->transport->size();
     units_.assign(units, unit_state{});
-    const float Pf = static_cast<float>(cx_->transport->size());
+    for (auto& us : units_) us.bounds.reserve(static_cast<std::size_t>(P) + 1);
+    const float Pf = static_cast<float>(P);
     scale_ = (Ctx::narrow && cx_->average) ? 1.0f / Pf : 1.0f;
     unscale_ = (Ctx::narrow && cx_->average) ? Pf : 1.0f;
+    size_buffers();
   }
 
   void exchange(std::size_t b) {
@@ -128,33 +137,17 @@ class oktopk_engine {
   /// Transport calls this rank made this iteration.
   [[nodiscard]] std::size_t collectives() const noexcept { return collectives_; }
 
-  // ---- run-time settings (between iterations; the same on every rank) ----------------------
-  void set_density(double d) {
-    plan::check_density(d);
-    set_schedule(plan::density_schedule::constant(d));
-  }
-  void set_schedule(plan::density_schedule s) {
-    schedule_ = std::move(s);
-    replan();
-  }
-  [[nodiscard]] const plan::density_schedule& schedule() const noexcept { return schedule_; }
-  [[nodiscard]] double density() const noexcept { return density_; }
+  // Run-time settings: set_density, set_schedule (replans: thresholds and boundaries are estimated
+  // again), schedule(), density(), set_index_bytes (thresholds and boundaries kept), index_bytes()
+  // (topk_settings, engines/topk/settings.hpp).
   /// Periods, adaptation factors and capacity (validated: invalid_argument naming the field).
   /// Thresholds and boundaries already estimated are kept.
   void set_params(const oktopk_params& p) {
     check_oktopk_params(p);
     params_ = p;
+    size_buffers();  // a larger capacity: larger bounds
   }
   [[nodiscard]] const oktopk_params& params() const noexcept { return params_; }
-  void set_index_bytes(std::size_t bytes) {
-    if (bytes != 4 && bytes != 8)
-      throw invalid_argument("index_bytes", fmt::format("indices travel as 4 or 8 bytes (got {}).", bytes), "pass 4 or 8.");
-    if (bytes == 4 && cx_->pool->total > (std::uint64_t{1} << 32))
-      throw invalid_argument("index_bytes", fmt::format("the pool has {} elements; 32-bit indices address at most 2^32.", cx_->pool->total),
-                             "keep 8-byte indices for this layout.");
-    wide_ = bytes == 8;
-  }
-  [[nodiscard]] std::size_t index_bytes() const noexcept { return wide_ ? 8 : 4; }
 
   // ---- checkpoint ---------------------------------------------------------------------------
   // Format (after the exchanger's header): u32 index bytes, f64 density, the schedule (u64 steps,
@@ -210,6 +203,21 @@ class oktopk_engine {
   [[nodiscard]] reestimations reestimated() const noexcept { return reest_; }
 
  private:
+  /// The index-typed buffers of one index width.
+  template <class I>
+  struct index_lists {
+    std::vector<I> sel;     // this rank's selection (room for the threshold path's candidates)
+    std::vector<I> recv;    // the entries received for this rank's region, peer after peer
+    std::vector<I> kept;    // this rank's reduced entries that it all-gathers
+    std::vector<I> result;  // the applied entries (F), every region in rank order
+    void reserve(std::size_t ncand, std::size_t nrecv, std::size_t nres) {
+      sel.reserve(ncand);
+      recv.reserve(nrecv);
+      kept.reserve(nres);
+      result.reserve(nres);
+    }
+  };
+
   void begin_iteration() {
     density_ = schedule_.at(*cx_->iteration);
     wire_bytes_ = collectives_ = k_total_ = selections_ = 0;
@@ -224,16 +232,17 @@ class oktopk_engine {
   [[nodiscard]] bool due(std::uint64_t period) const noexcept { return *cx_->iteration % period == 0; }
 
   // Local selection, one pass: G = g + residual into the residual, and the indices of |G| at or
-  // above the local threshold (at most capacity * k). Exact top-k (accumulate_select_topk) when
+  // above the local threshold (at most capacity * k; kernels::accumulate_gather_above, the
+  // sampled top-k's AVX2 gathering pass). Exact top-k (accumulate_select_topk) when
   // the period says so and on first use. When the threshold selection runs over its capacity,
   // the exact top-k is taken among the candidates it gathered (up to 4 x capacity: every element
   // at or above the threshold is one, so the k largest are among them), without another pass;
   // only beyond that a full radix select of the G already stored (reestimations::second_pass).
-  // Returns the count; the indices, increasing, are in idx_buf<I>().
+  // Returns the count; the indices, increasing, are in lists<I>().sel.
   template <class I>
   std::size_t select(unit_state& us, std::size_t off, std::size_t n, std::size_t k) {
-    std::vector<I>& idx = idx_buf<I>();
-    const std::size_t cap = std::max<std::size_t>(k, static_cast<std::size_t>(std::ceil(params_.capacity * static_cast<double>(k))));
+    std::vector<I>& idx = lists<I>().sel;
+    const std::size_t cap = cap_for(k);
     const std::size_t ccap = 4 * cap;  // candidates gathered before a second pass is needed
     idx.resize(ccap);
     const float* g = cx_->grads + off;
@@ -285,10 +294,77 @@ class oktopk_engine {
   template <class I>
   void run(std::size_t u, std::size_t off, std::size_t n);  // exchange.hpp
 
+  /// The most a threshold selection of k keeps (capacity x k, at least k).
+  [[nodiscard]] std::size_t cap_for(std::size_t k) const noexcept {
+    return std::max<std::size_t>(k, static_cast<std::size_t>(std::ceil(params_.capacity * static_cast<double>(k))));
+  }
+
+  // Every buffer an iteration uses, reserved for the bounds the checks enforce, so that an
+  // iteration allocates nothing (tests/engines/test_oktopk.cpp counts): per unit of n elements,
+  // with k for the schedule's largest density and c = cap_for(k), a selection holds at most
+  // 4c candidates and c entries; a rank receives at most c entries from each peer for its region
+  // (check_count), so at most P c, summed into at most min(P c, n); the result is the union of
+  // every rank's selection, at most min(P c, n) entries (a corrupt peer's larger block, still
+  // checked against the region's size, grows the buffers once). Only grows.
+  void size_buffers() {
+    const double dmax = schedule_.max();
+    const std::size_t P = static_cast<std::size_t>(cx_->transport->size());
+    std::size_t kmax = 0, cmax = 0, recv = 0, res = 0, sel_total = 0, res_total = 0;
+    auto unit = [&](std::size_t n) {
+      const std::size_t k = plan::k_for(dmax, n), c = cap_for(k);
+      kmax = std::max(kmax, k);
+      cmax = std::max(cmax, c);
+      recv = std::max(recv, P * c);
+      res = std::max(res, std::min(n, P * c));
+      sel_total += c;
+      res_total += std::min(n, P * c);
+    };
+    if (fused_) {
+      for (const auto& b : *cx_->buckets) unit(b.count);
+    } else {
+      unit(cx_->pool->total);
+    }
+    if (wide_) {
+      l32_ = {};
+      l64_.reserve(4 * cmax, recv, res);
+    } else {
+      l64_ = {};
+      l32_.reserve(4 * cmax, recv, res);
+    }
+    cand_pos_.reserve(4 * cmax);
+    cand_keys_.reserve(4 * cmax);
+    mine_val_.reserve(cmax);
+    recv_val_.reserve(recv);
+    red_.reserve(res);
+    kept_val_.reserve(res);
+    kept_err_.reserve(res);
+    result_val_.reserve(res);
+    decoded_.reserve(res);
+    mag_.reserve(res);
+    pick_.reserve(kmax);
+    const std::size_t msg = P * sparse_message::header_bytes + recv * (this->index_bytes() + sizeof(W));
+    send_buf_.reserve(msg);
+    recv_buf_.reserve(msg);
+    selected_.reserve(sel_total);
+    exchanged_.reserve(res_total);
+    cuts_.assign(P > 1 ? P - 1 : 0, 0);
+    pos_.assign(P + 1, 0);
+    from_.assign(P + 1, 0);
+    at_.assign(P, 0);
+    sc_n_.assign(P, 0);
+    rc_n_.assign(P, 0);
+    sbytes_.assign(P, 0);
+    rbytes_.assign(P, 0);
+    gbytes_.assign(P, 0);
+    hdrs_.assign(P, sparse_message::header{});
+    heap_.reserve(P);
+  }
+  void index_width_changed() { size_buffers(); }
+
   template <class I>
-  std::vector<I>& idx_buf() noexcept {
-    if constexpr (std::same_as<I, std::uint32_t>) return idx32_;
-    else return idx64_;
+  index_lists<I>& lists() noexcept {
+    if constexpr (std::same_as<I, std::uint32_t>) return l32_;
+    else return l64_;
   }
 
   std::string fix_text() const {
@@ -297,25 +373,30 @@ class oktopk_engine {
   }
 
   Ctx* cx_;
-  plan::density_schedule schedule_;
   oktopk_params params_{};
-  bool wide_ = false;
   bool fused_ = false;
   float scale_ = 1.0f, unscale_ = 1.0f;
   std::vector<float> residual_;
   kernels::topk_workspace ws_;
   std::vector<unit_state> units_;
-  std::vector<std::uint32_t> idx32_;
-  std::vector<std::uint64_t> idx64_;
   std::vector<std::uint64_t> cand_pos_;   // the threshold pass's candidates (pool positions) ...
   std::vector<std::uint32_t> cand_keys_;  // ... and their keys
   std::vector<std::uint64_t> selected_, exchanged_;
-  // per-unit scratch (host; grown as needed, kept between iterations)
-  std::vector<W> mine_val_;
-  std::vector<float> decoded_;
+  // per-unit scratch (host; sized by size_buffers, kept between iterations)
+  index_lists<std::uint32_t> l32_;  // only the index width in use is sized
+  index_lists<std::uint64_t> l64_;
+  std::vector<W> mine_val_, recv_val_, kept_val_, result_val_;  // the values of sel, recv, kept, result
+  std::vector<float> kept_err_;  // each kept entry's rounding in the wire type
+  std::vector<std::pair<std::uint64_t, float>> red_;  // the sums of this rank's region, by index
+  std::vector<float> decoded_, mag_;
+  std::vector<std::uint64_t> pick_;  // the exact global top-k's positions in the result
   std::vector<std::uint8_t> send_buf_, recv_buf_;
-  std::vector<std::pair<std::uint64_t, float>> red_;  // (index, value) received for this rank's region, then the sums
-  double density_ = Density;
+  std::vector<std::uint64_t> cuts_;  // the boundary proposals (P - 1)
+  std::vector<std::size_t> pos_, from_, at_;  // per peer: where its entries start in sel / recv (P + 1), a merge cursor (P)
+  std::vector<std::uint64_t> sc_n_, rc_n_;     // per peer: entries sent / received
+  std::vector<std::size_t> sbytes_, rbytes_, gbytes_;  // per peer: bytes sent / received in all_to_allv, received in all_gatherv
+  std::vector<sparse_message::header> hdrs_;   // every rank's all-gathered header
+  std::vector<std::pair<std::uint64_t, std::size_t>> heap_;  // the merge's heads: (index, peer)
   std::size_t wire_bytes_ = 0, collectives_ = 0, k_total_ = 0, selections_ = 0;
   reestimations reest_{};
 };

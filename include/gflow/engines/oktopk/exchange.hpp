@@ -22,10 +22,15 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
   T& t = *cx_->transport;
   const int P = t.size(), me = t.rank();
   const auto Pz = static_cast<std::size_t>(P);
+  const auto mez = static_cast<std::size_t>(me);
   const std::size_t k = plan::k_for(density_, n);
   unit_state& us = units_[u];
   auto& kern = *cx_->kernels;
-  std::vector<I>& idx = idx_buf<I>();
+  index_lists<I>& L = lists<I>();
+  std::vector<I>& idx = L.sel;
+  // Every buffer below is a member, reserved by size_buffers (engine.hpp): no allocation here.
+  std::vector<I>& F_idx = L.result;
+  std::vector<W>& F_val = result_val_;
 
   // 1. Local selection (one pass) and the take: the residual keeps G minus what is sent.
   detail::stage_clock sc(cx_->tracer());
@@ -37,19 +42,21 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
   for (std::size_t j = 0; j < cnt; ++j) selected_.push_back(static_cast<std::uint64_t>(idx[j]));
   k_total_ += k;
   ++selections_;
-  const std::uint64_t cap = std::max<std::uint64_t>(k, static_cast<std::uint64_t>(std::ceil(params_.capacity * static_cast<double>(k))));
+  const std::uint64_t cap = cap_for(k);
 
   // Everything below until the residual update only reads the residual: on any error (a rejected
   // message on any rank, a transport error, a timeout) this rank's own selection goes back.
-  std::vector<I> F_idx, tmp_idx_, kept_idx_;
-  std::vector<W> F_val, tmp_val_, kept_val_;
-  std::vector<float> kept_err_;
+  L.kept.clear();
+  kept_val_.clear();
+  kept_err_.clear();
+  F_idx.clear();
+  F_val.clear();
   try {
     // 2. Boundaries (re-estimated every boundary_period iterations, identical on every rank): each
     // rank proposes the positions that cut its own selection into P equal parts; the mean of the
     // proposals (an all_reduce of P - 1 u64) is every rank's cut.
     if (us.bounds.size() != Pz + 1 || due(params_.boundary_period)) {
-      std::vector<std::uint64_t> b(Pz > 1 ? Pz - 1 : 0);
+      std::vector<std::uint64_t>& b = cuts_;
       const std::size_t chunk = cnt / Pz;
       for (std::size_t i = 1; i < Pz; ++i)
         b[i - 1] = chunk > 0 ? static_cast<std::uint64_t>(idx[chunk * i]) - off : static_cast<std::uint64_t>(n) * i / Pz;
@@ -69,45 +76,47 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
 
     // 3. Split: this rank's entries of region q go to rank q. Counts first (all_to_all of one
     // u64 per peer), checked, then the blocks (all_to_allv).
-    std::vector<std::size_t> pos(Pz + 1, cnt);
+    std::vector<std::size_t>& pos = pos_;
+    pos[Pz] = cnt;
     for (std::size_t q = 0; q < Pz; ++q) pos[q] = static_cast<std::size_t>(std::lower_bound(idx.data(), idx.data() + cnt, static_cast<I>(lo(q))) - idx.data());
-    std::vector<std::uint64_t> sc_n(Pz), rc_n(Pz);
-    for (std::size_t q = 0; q < Pz; ++q) sc_n[q] = pos[q + 1] - pos[q];
-    t.all_to_all(sc_n.data(), rc_n.data(), 1);
+    for (std::size_t q = 0; q < Pz; ++q) sc_n_[q] = pos[q + 1] - pos[q];
+    t.all_to_all(sc_n_.data(), rc_n_.data(), 1);
     wire_bytes_ += 8 * (Pz - 1);
     sparse_message::header mark{};  // status != 0: this rank rejected something
     sparse_message::unpack_result own{};
     std::uint64_t own_announced = 0;
-    std::vector<std::size_t> sbytes(Pz), rbytes(Pz);
-    std::size_t stotal = 0, rtotal = 0;
+    std::size_t stotal = 0, rtotal = 0, rentries = 0;
     for (std::size_t q = 0; q < Pz; ++q) {
-      sbytes[q] = oktopk_message::block_bytes(sc_n[q], sizeof(I), sizeof(W));
-      stotal += sbytes[q];
-      if (q != static_cast<std::size_t>(me)) wire_bytes_ += sbytes[q];
-      auto r = oktopk_message::check_count(rc_n[q], std::min<std::uint64_t>(cap, hi(me) - lo(me)));
+      sbytes_[q] = oktopk_message::block_bytes(sc_n_[q], sizeof(I), sizeof(W));
+      stotal += sbytes_[q];
+      if (q != mez) wire_bytes_ += sbytes_[q];
+      auto r = oktopk_message::check_count(rc_n_[q], std::min<std::uint64_t>(cap, hi(mez) - lo(mez)));
       if (!r.ok() && mark.status == 0) {
         mark = {0, static_cast<std::uint32_t>(r.fault), static_cast<std::uint32_t>(me), static_cast<std::uint32_t>(q), 0};
         own = r;
-        own_announced = std::min<std::uint64_t>(cap, hi(me) - lo(me));
+        own_announced = std::min<std::uint64_t>(cap, hi(mez) - lo(mez));
       }
-      rbytes[q] = oktopk_message::block_bytes(r.ok() ? rc_n[q] : 0, sizeof(I), sizeof(W));
-      rtotal += rbytes[q];
+      rbytes_[q] = oktopk_message::block_bytes(r.ok() ? rc_n_[q] : 0, sizeof(I), sizeof(W));
+      rtotal += rbytes_[q];
+      rentries += r.ok() ? static_cast<std::size_t>(rc_n_[q]) : 0;
     }
     send_buf_.resize(stotal);
     recv_buf_.resize(rtotal);
-    for (std::size_t q = 0, at = 0; q < Pz; at += sbytes[q], ++q)
-      kern.pack(send_buf_.data() + at, sc_n[q], idx.data() + pos[q], mine.data() + pos[q], sc_n[q]);
-    t.all_to_allv(send_buf_.data(), sbytes.data(), recv_buf_.data(), rbytes.data());
+    for (std::size_t q = 0, at = 0; q < Pz; at += sbytes_[q], ++q)
+      kern.pack(send_buf_.data() + at, sc_n_[q], idx.data() + pos[q], mine.data() + pos[q], sc_n_[q]);
+    t.all_to_allv(send_buf_.data(), sbytes_.data(), recv_buf_.data(), rbytes_.data());
     collectives_ += 2;
 
-    // 4. Reduce region `me`: every block checked first, then the entries summed in rank order
-    // 0..P-1 (fp32), the same additions on every rank that owns this region.
-    red_.clear();
-    for (std::size_t q = 0, at = 0; q < Pz && mark.status == 0; at += rbytes[q], ++q) {
-      const std::size_t c = static_cast<std::size_t>(rc_n[q]);
-      tmp_idx_.resize(c);
-      tmp_val_.resize(c);
-      const auto r = oktopk_message::check_block(recv_buf_.data() + at, rbytes[q], c, lo(me), hi(me), tmp_idx_.data(), tmp_val_.data(),
+    // 4. Reduce region `me`: every block checked first (peer q's entries land at
+    // [from_[q], from_[q + 1]) of L.recv), then the entries of each index summed in rank order
+    // 0..P-1 (fp32), the same additions on every rank that owns this region: each block is
+    // increasing, so a P-way merge by (index, rank) visits them in that order.
+    L.recv.resize(mark.status == 0 ? rentries : 0);
+    recv_val_.resize(L.recv.size());
+    from_[0] = 0;
+    for (std::size_t q = 0, at = 0; q < Pz && mark.status == 0; at += rbytes_[q], ++q) {
+      const std::size_t c = static_cast<std::size_t>(rc_n_[q]);
+      const auto r = oktopk_message::check_block(recv_buf_.data() + at, rbytes_[q], c, lo(mez), hi(mez), L.recv.data() + from_[q], recv_val_.data() + from_[q],
                                                  [](const unsigned char* m, std::size_t kk, std::uint64_t l, std::uint64_t h, I* i, W* v) {
                                                    return kernels::unpack_checked(m, kk, l, h, i, v);
                                                  });
@@ -117,29 +126,42 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
         own_announced = c;
         break;
       }
-      for (std::size_t j = 0; j < c; ++j) red_.push_back({static_cast<std::uint64_t>(tmp_idx_[j]), kernels::to_float(tmp_val_[j])});
+      from_[q + 1] = from_[q] + c;
     }
-    std::stable_sort(red_.begin(), red_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::size_t nr = 0;
-    for (std::size_t j = 0; j < red_.size(); ++j) {
-      if (nr > 0 && red_[nr - 1].first == red_[j].first) red_[nr - 1].second += red_[j].second;
-      else red_[nr++] = red_[j];
+    red_.clear();
+    if (mark.status == 0) {
+      const auto later = [](const auto& a, const auto& b) { return a > b; };  // a min-heap of (index, peer)
+      heap_.clear();
+      for (std::size_t q = 0; q < Pz; ++q) {
+        at_[q] = from_[q];
+        if (from_[q] < from_[q + 1]) heap_.push_back({static_cast<std::uint64_t>(L.recv[from_[q]]), q});
+      }
+      std::make_heap(heap_.begin(), heap_.end(), later);
+      while (!heap_.empty()) {
+        std::pop_heap(heap_.begin(), heap_.end(), later);
+        auto& [i, q] = heap_.back();
+        const float v = kernels::to_float(recv_val_[at_[q]]);
+        if (!red_.empty() && red_.back().first == i) red_.back().second += v;
+        else red_.push_back({i, v});
+        if (++at_[q] < from_[q + 1]) {
+          i = static_cast<std::uint64_t>(L.recv[at_[q]]);
+          std::push_heap(heap_.begin(), heap_.end(), later);
+        } else {
+          heap_.pop_back();
+        }
+      }
     }
-    red_.resize(mark.status == 0 ? nr : 0);
 
     // 5. Keep: every reduced entry on an exact iteration (the global top-k is taken after the
     // gather), else those with |sum| >= the global threshold. Encoded in the wire type; the
     // rounding error of a kept entry stays with this rank (applied below if the entry is applied).
     const bool gexact = us.global_thr < 0.0f || due(params_.threshold_period);
     const std::uint32_t gk = gexact ? 0u : std::max<std::uint32_t>(kernels::magnitude_key(us.global_thr), 1u);
-    kept_idx_.clear();
-    kept_val_.clear();
-    kept_err_.clear();
     for (const auto& [i, s] : red_) {
       if (!gexact && kernels::magnitude_key(s) < gk) continue;
       const W w = kernels::wire_cast<W>(kernels::sanitize(s));
       const float d = kernels::to_float(w);
-      kept_idx_.push_back(static_cast<I>(i));
+      L.kept.push_back(static_cast<I>(i));
       kept_val_.push_back(w);
       kept_err_.push_back((std::isfinite(s) && std::isfinite(d)) ? s - d : 0.0f);
     }
@@ -147,44 +169,43 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
     // 6. Balance-and-allgatherv: each rank's header (count, or its fault mark) to every rank,
     // then the kept blocks. Every rank sees the same bytes, so every rank reaches the same verdict.
     sparse_message::header hdr = mark;
-    hdr.count = mark.status == 0 ? kept_idx_.size() : 0;
-    std::vector<sparse_message::header> hdrs(Pz);
-    t.all_gather(reinterpret_cast<const std::uint8_t*>(&hdr), reinterpret_cast<std::uint8_t*>(hdrs.data()), sizeof hdr);
+    hdr.count = mark.status == 0 ? L.kept.size() : 0;
+    t.all_gather(reinterpret_cast<const std::uint8_t*>(&hdr), reinterpret_cast<std::uint8_t*>(hdrs_.data()), sizeof hdr);
     wire_bytes_ += sizeof hdr * (Pz - 1);
     ++collectives_;
     for (std::size_t q = 0; q < Pz; ++q)
-      if (hdrs[q].status != 0) {
-        const auto f = static_cast<sparse_message::fault_code>(hdrs[q].status);
+      if (hdrs_[q].status != 0) {
+        const auto f = static_cast<sparse_message::fault_code>(hdrs_[q].status);
         std::string what = fmt::format("Sparsifier<OkTopK>: in the split-and-reduce, rank {} rejected the block rank {} sent for its region (its {})",
-                                       hdrs[q].reporter, hdrs[q].source, sparse_message::parameter_of(f));
-        if (q == static_cast<std::size_t>(me)) what += ": " + oktopk_message::describe(own, own_announced, lo(me), hi(me));
+                                       hdrs_[q].reporter, hdrs_[q].source, sparse_message::parameter_of(f));
+        if (q == mez) what += ": " + oktopk_message::describe(own, own_announced, lo(mez), hi(mez));
         else what += "; every rank stops this exchange.";
         throw parse_error(sparse_message::parameter_of(f), what, fix_text());
       }
-    std::vector<std::size_t> gbytes(Pz);
-    std::size_t gtotal = 0;
+    std::size_t gtotal = 0, gentries = 0;
     for (std::size_t q = 0; q < Pz; ++q) {
       const std::uint64_t room = hi(q) - lo(q);
-      if (hdrs[q].count > room)
+      if (hdrs_[q].count > room)
         throw parse_error("count",
                           fmt::format("Sparsifier<OkTopK>: rank {} announced {} result entries for its region [{}, {}), which holds {}.", q,
-                                      hdrs[q].count, lo(q), hi(q), room),
+                                      hdrs_[q].count, lo(q), hi(q), room),
                           fix_text());
-      gbytes[q] = oktopk_message::block_bytes(hdrs[q].count, sizeof(I), sizeof(W));
-      gtotal += gbytes[q];
+      gbytes_[q] = oktopk_message::block_bytes(hdrs_[q].count, sizeof(I), sizeof(W));
+      gtotal += gbytes_[q];
+      gentries += static_cast<std::size_t>(hdrs_[q].count);  // at most n: each count fits its region
     }
-    send_buf_.resize(gbytes[static_cast<std::size_t>(me)]);
-    kern.pack(send_buf_.data(), kept_idx_.size(), kept_idx_.data(), kept_val_.data(), kept_idx_.size());
+    send_buf_.resize(gbytes_[mez]);
+    kern.pack(send_buf_.data(), L.kept.size(), L.kept.data(), kept_val_.data(), L.kept.size());
     recv_buf_.resize(gtotal);
-    t.all_gatherv(send_buf_.data(), send_buf_.size(), recv_buf_.data(), gbytes.data());
+    t.all_gatherv(send_buf_.data(), send_buf_.size(), recv_buf_.data(), gbytes_.data());
     wire_bytes_ += send_buf_.size() * (Pz - 1);
     ++collectives_;
     sc.lap(trace_kind::collective, 0, *cx_->iteration, gtotal);
-    for (std::size_t q = 0, at = 0; q < Pz; at += gbytes[q], ++q) {
-      const auto c = static_cast<std::size_t>(hdrs[q].count);
-      tmp_idx_.resize(c);
-      tmp_val_.resize(c);
-      const auto r = oktopk_message::check_block(recv_buf_.data() + at, gbytes[q], c, lo(q), hi(q), tmp_idx_.data(), tmp_val_.data(),
+    F_idx.resize(gentries);  // regions in rank order: increasing indices
+    F_val.resize(gentries);
+    for (std::size_t q = 0, at = 0, e = 0; q < Pz; at += gbytes_[q], e += static_cast<std::size_t>(hdrs_[q].count), ++q) {
+      const auto c = static_cast<std::size_t>(hdrs_[q].count);
+      const auto r = oktopk_message::check_block(recv_buf_.data() + at, gbytes_[q], c, lo(q), hi(q), F_idx.data() + e, F_val.data() + e,
                                                  [](const unsigned char* m, std::size_t kk, std::uint64_t l, std::uint64_t h, I* i, W* v) {
                                                    return kernels::unpack_checked(m, kk, l, h, i, v);
                                                  });
@@ -193,8 +214,6 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
                           fmt::format("Sparsifier<OkTopK>: the result block all-gathered from rank {} was rejected: {}", q,
                                       oktopk_message::describe(r, c, lo(q), hi(q))),
                           fix_text());
-      F_idx.insert(F_idx.end(), tmp_idx_.begin(), tmp_idx_.end());  // regions in rank order: increasing indices
-      F_val.insert(F_val.end(), tmp_val_.begin(), tmp_val_.end());
     }
 
     // 7. The global selection: on exact iterations the k largest |value| (ties: lower index) of
@@ -202,14 +221,15 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
     if (gexact) {
       ++reest_.global;
       if (F_idx.size() > k) {
-        std::vector<float> v(F_val.size());
+        std::vector<float>& v = mag_;
+        v.resize(F_val.size());
         for (std::size_t j = 0; j < v.size(); ++j) v[j] = kernels::to_float(F_val[j]);
-        std::vector<std::uint32_t> scratch(v.size());
-        std::vector<std::uint64_t> pick(k);
-        const std::size_t m = kernels::select_topk(v.data(), v.size(), k, 0, pick.data(), scratch.data());
+        pick_.resize(k);
+        // scratch: ws_.keys holds the largest unit's n keys, and the result has at most n entries
+        const std::size_t m = kernels::select_topk(v.data(), v.size(), k, 0, pick_.data(), ws_.keys.data());
         for (std::size_t j = 0; j < m; ++j) {
-          F_idx[j] = F_idx[static_cast<std::size_t>(pick[j])];
-          F_val[j] = F_val[static_cast<std::size_t>(pick[j])];
+          F_idx[j] = F_idx[static_cast<std::size_t>(pick_[j])];
+          F_val[j] = F_val[static_cast<std::size_t>(pick_[j])];
         }
         F_idx.resize(m);
         F_val.resize(m);
@@ -221,7 +241,8 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
       // Over 4k/3 entries passed a stale threshold (residuals grow between re-estimations): the
       // k-th largest |value| of the result, which every rank now holds, is the threshold the next
       // iteration needs. No pass over the pool, no message, the same on every rank.
-      std::vector<float> mag(F_val.size());
+      std::vector<float>& mag = mag_;
+      mag.resize(F_val.size());
       for (std::size_t j = 0; j < mag.size(); ++j) mag[j] = std::fabs(kernels::to_float(F_val[j]));
       std::nth_element(mag.begin(), mag.begin() + static_cast<std::ptrdiff_t>(k - 1), mag.end(), std::greater<float>());
       us.global_thr = mag[k - 1];
@@ -243,11 +264,12 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
   const float post = (!Ctx::narrow && cx_->average) ? cx_->mean_scale() : 1.0f;
   kern.decode_scatter_counted(cx_->grads, F_idx.data(), F_val.data(), nf, post, decoded_.data());
   kern.restore_unselected(residual_.data(), idx.data(), mine.data(), cnt, F_idx.data(), nf, unscale_);
-  for (std::size_t j = 0, p = 0; j < kept_idx_.size(); ++j) {
-    while (p < nf && F_idx[p] < kept_idx_[j]) ++p;
-    if (p < nf && F_idx[p] == kept_idx_[j] && kept_err_[j] != 0.0f) {
+  const std::vector<I>& kept = L.kept;
+  for (std::size_t j = 0, p = 0; j < kept.size(); ++j) {
+    while (p < nf && F_idx[p] < kept[j]) ++p;
+    if (p < nf && F_idx[p] == kept[j] && kept_err_[j] != 0.0f) {
       const float e = kept_err_[j] * unscale_;
-      if (std::isfinite(e)) residual_[static_cast<std::size_t>(kept_idx_[j])] += e;
+      if (std::isfinite(e)) residual_[static_cast<std::size_t>(kept[j])] += e;
     }
   }
   for (std::size_t j = 0; j < nf; ++j) exchanged_.push_back(static_cast<std::uint64_t>(F_idx[j]));

@@ -3,10 +3,10 @@
 //
 // detail::topk_engine: the engine of Sparsifier<TopK<d>> and Sparsifier<GTopK<d>> (what they do,
 // their accounting, non-finite values and checkpoints are described with the tags in
-// policies/topk.hpp). This file holds the class, its settings, its checkpoint, the selection
-// that both share and TopK's all_gather exchange; GTopK's merge tree is defined in tree.hpp, and
-// engines/topk.hpp includes both. The contract is gflow::detail::sparsifier_engine
-// (engines/concepts.hpp), asserted in engines/topk.hpp.
+// policies/topk.hpp). This file holds the class, its checkpoint, the selection that both share
+// and TopK's all_gather exchange; their run-time settings (shared with OkTopK) are in
+// settings.hpp, GTopK's merge tree in tree.hpp (engines/topk.hpp includes this file and it). The
+// contract is gflow::detail::sparsifier_engine (engines/concepts.hpp), asserted in engines/topk.hpp.
 //
 // Memory spaces: the engine is written once over the backend (engines/concepts.hpp, topk_backend):
 // host_backend forwards to kernels/topk.hpp; device_backend (NCCL, gflow::inproc_device) runs the
@@ -36,12 +36,18 @@
 #include "../../timeline.hpp"
 #include "../concepts.hpp"
 #include "lists.hpp"
+#include "settings.hpp"
 #include "state.hpp"
 
 namespace gflow::detail {
 
 template <class Ctx, double Density, bool Global>
-class topk_engine {
+class topk_engine : public topk_settings<topk_engine<Ctx, Density, Global>> {
+  using settings = topk_settings<topk_engine>;
+  friend settings;
+  using settings::schedule_;
+  using settings::density_;
+  using settings::wide_;
   using T = typename Ctx::transport_type;
   using W = typename Ctx::wire_type;
   using B = typename Ctx::backend;
@@ -62,8 +68,7 @@ class topk_engine {
   static constexpr bool phased = false;
   static constexpr bool independent_buckets = false;
 
-  explicit topk_engine(Ctx& cx) : cx_(&cx), schedule_(plan::density_schedule::constant(Density)) {
-    wide_ = cx.pool->total > (std::uint64_t{1} << 32);
+  explicit topk_engine(Ctx& cx) : settings(Density, cx.pool->total), cx_(&cx) {
     residual_ = buffer<float>(cx.pool->total);
     replan();
   }
@@ -111,7 +116,7 @@ class topk_engine {
       decoded_ = buffer<float>(ucap);
     }
     size_lists();
-    const std::size_t mb = sparse_message::bytes(kcap, index_bytes(), sizeof(W));
+    const std::size_t mb = sparse_message::bytes(kcap, this->index_bytes(), sizeof(W));
     send_msg_ = buffer<std::uint8_t>(mb);
     if constexpr (Global) {
       recv_msg_ = buffer<std::uint8_t>(mb);
@@ -147,33 +152,8 @@ class topk_engine {
   /// Bytes this rank handed to collectives this iteration (all_gather / send / broadcast buffers).
   [[nodiscard]] std::size_t wire_bytes() const noexcept { return wire_bytes_; }
 
-  // ---- run-time settings (between iterations; the same on every rank) ----------------------
-  /// A constant density from now on. Throws invalid_argument("density") unless 0 < d <= 1.
-  void set_density(double d) {
-    plan::check_density(d);
-    set_schedule(plan::density_schedule::constant(d));
-  }
-  /// A warm-up schedule (already validated when built); buffers grow to its largest density.
-  void set_schedule(plan::density_schedule s) {
-    schedule_ = std::move(s);
-    replan();
-  }
-  [[nodiscard]] const plan::density_schedule& schedule() const noexcept { return schedule_; }
-  /// The density of the current (or, between iterations, the last) iteration.
-  [[nodiscard]] double density() const noexcept { return density_; }
-
-  /// 4 (u32 indices; only when the pool has at most 2^32 elements) or 8 (u64).
-  void set_index_bytes(std::size_t bytes) {
-    if (bytes != 4 && bytes != 8)
-      throw invalid_argument("index_bytes", fmt::format("indices travel as 4 or 8 bytes (got {}).", bytes), "pass 4 or 8.");
-    if (bytes == 4 && cx_->pool->total > (std::uint64_t{1} << 32))
-      throw invalid_argument("index_bytes",
-                             fmt::format("the pool has {} elements; 32-bit indices address at most 2^32.", cx_->pool->total),
-                             "keep 8-byte indices for this layout.");
-    wide_ = bytes == 8;
-    replan();
-  }
-  [[nodiscard]] std::size_t index_bytes() const noexcept { return wide_ ? 8 : 4; }
+  // Run-time settings: set_density, set_schedule, schedule(), density(), set_index_bytes,
+  // index_bytes() (topk_settings, settings.hpp; a new index width replans).
 
   // ---- checkpoint (Exchanger::save_state / load_state; between iterations) --------------------
   /// What load reads and validates before anything changes; restore_state applies it.
@@ -261,6 +241,8 @@ class topk_engine {
       l32_.size_for(kcap_, static_cast<int>(steps_.size()), Global);
     }
   }
+
+  void index_width_changed() { replan(); }
 
   void begin_iteration() {
     density_ = schedule_.at(*cx_->iteration);
@@ -384,8 +366,6 @@ class topk_engine {
                                 int own_peer, std::size_t k, std::size_t off, std::size_t n) const;
 
   Ctx* cx_;
-  plan::density_schedule schedule_;
-  bool wide_ = false;
   bool fused_ = false;
   std::size_t kcap_ = 0;
   float scale_ = 1.0f;    // applied before encoding (1/P with a 16-bit wire and averaging)
@@ -399,7 +379,6 @@ class topk_engine {
   topk_lists<std::uint32_t, W, B> l32_;
   topk_lists<std::uint64_t, W, B> l64_;
   // per iteration
-  double density_ = Density;
   std::size_t wire_bytes_ = 0, selected_n_ = 0, exchanged_n_ = 0, k_total_ = 0, selections_ = 0, message_bytes_ = 0;
   selection_paths paths_{};
 };
