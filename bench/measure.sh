@@ -32,7 +32,7 @@
 #             (ddp_<layout>_<P>/gflow_rK.jsonl, gloo_rK.jsonl, summary.txt)
 #   oktopk    (as root) OkTopK beside dense / TopK / GTopK on fresh gradients (--gradients fresh):
 #             resnet50 on 4 MPI ranks (shared memory, d = 0.001 and 0.01; sp_oktopk_resnet50_mpi_4_rK)
-#             and on the emulated 1 Gbit/s network at 8 and 16 ranks (d = 0.001;
+#             and on the emulated 1 Gbit/s network at 8 and 16 ranks (d = 0.001 and 0.01;
 #             net_sp_oktopk_resnet50_<P>_rK)
 #   netem     (as root) the emulated 1 Gbit/s network of bench/netem.sh: sparse (resnet50, alexnet),
 #             exchange with the fp32 / fp16 / bf16 wire (resnet50), the model at P = 2, 4, 8 (net_*);
@@ -151,7 +151,7 @@ for s in "${sections[@]}"; do
         "$root/bench/netem.sh" down "$p" > /dev/null 2>&1 || true
         "$root/bench/netem.sh" up "$p" 1gbit > /dev/null
         for r in $(seq 1 "$repeats"); do
-          netrun "net_sp_oktopk_resnet50_${p}_r$r" "$p" sparse --layout resnet50 --density 0.001 --gradients fresh --warmup 30 --iters 7
+          netrun "net_sp_oktopk_resnet50_${p}_r$r" "$p" sparse --layout resnet50 --density 0.001,0.01 --gradients fresh --warmup 30 --iters 7
         done
         "$root/bench/netem.sh" down "$p" > /dev/null
       done ;;
