@@ -181,7 +181,7 @@ res=$(grep -m1 '^RESUMED' "$work/restart.log"); rs=$(grep -m1 '^RESHARD' "$work/
 echo "restart on $((N - 1)) ranks (the same emulated network, the loss on rank $LINK_RANK's link): exit $rrc; ${res:-no RESUMED line}"
 echo "  ${rs:-no RESHARD line}"
 ndrop=$((${drop1:-0} - ${drop0:-0})); ntx=$((${tx1:-0} - ${tx0:-0}))
-echo "  during the restart: $ndrop packets dropped by the loss, $ntx sent on the link; rank $LINK_RANK's TCP retransmitted $((${retrans1:-0} - ${retrans0:-0})) segments; $(grep -c ' TIMEOUT ' "$work/restart.log") timeouts"
+echo "  during the restart: $ndrop packets dropped by the loss, $ntx sent on the link; rank $LINK_RANK's TCP retransmitted $((${retrans1:-0} - ${retrans0:-0})) segments; $(grep -c '^TIMEOUT ' "$work/restart.log") timeouts"
 rl=$(grep -m1 '^RESULT' "$work/restart.log" | cut -d' ' -f1-6)
 echo "  ${rl:-no RESULT line}"
 lost=unknown
