@@ -558,7 +558,7 @@ TEST_CASE("errors: re-sharding checkpoints (E74-E84)") {
        {"checkpoint 2 was saved in a job of 2 ranks; checkpoint 0 in one of 3.", "Fix: pass the checkpoints of one job only."},
        [&] { reshard({set3[0], set3[1], set2[1]}); }},
       {"E80", errc::invalid_argument, "composition",
-       {"re-sharding reads the sparsifier state of Dense, TopK, GTopK and CSC", "<gflow::Precision<>, gflow::NoFusion, gflow::Sparsifier<my::RandK<8> >",
+       {"re-sharding reads the sparsifier state of Dense, TopK, GTopK, OkTopK and CSC", "<gflow::Precision<>, gflow::NoFusion, gflow::Sparsifier<my::RandK<8> >",
         "Fix: resume it on the same number of ranks (load_state)"},
        [&] { (void)detail::schema_of("gflow::Precision<>, gflow::NoFusion, gflow::Sparsifier<my::RandK<8> >, gflow::Topology<>, gflow::Overlap<>"); }},
       {"E81", errc::invalid_argument, "new_rank", {"rank 2 of 2 is not a rank of the new job.", "Fix: pass 0 <= new_rank < new_size"},

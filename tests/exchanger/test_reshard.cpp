@@ -3,7 +3,8 @@
 // parser matches what each engine writes); P' != P conserves every residual element
 // (sum over ranks / ranks, bitwise on dyadic values; the plain sum with average off), carries the
 // iteration, schedules and selections over, and the next iterations apply exactly the pending
-// update; every bad set is a typed error before anything is applied.
+// update; OkTopK's estimates are reset on another size and re-estimated in the first iteration;
+// every bad set is a typed error before anything is applied.
 #include <doctest/doctest.h>
 
 #include <gflow/exchanger.hpp>
@@ -153,6 +154,20 @@ void check_conservation(int P, int k, const std::function<void(on_inproc<E>&)>& 
 
 // ---- P' = P: the identity, byte for byte (the parser reads what every engine writes) ------------
 
+namespace {
+/// OkTopK parameters other than the defaults (so that carrying them over shows), with periods
+/// that make iterations 5 and 6 neither threshold nor boundary iterations.
+detail::oktopk_params oktopk_test_params() {
+  detail::oktopk_params p;
+  p.threshold_period = 16;
+  p.boundary_period = 24;
+  p.local_adapt = 1.02;
+  p.global_adapt = 1.01;
+  p.capacity = 3.0;
+  return p;
+}
+}  // namespace
+
 template <class E>
 void check_identity(int P, int k, const std::function<void(on_inproc<E>&)>& configure, exchange_options opt = {}) {
   const auto files = saved_set<E>(P, k, configure, opt);
@@ -174,6 +189,8 @@ TEST_CASE("reshard: P' = P rewrites every built-in composition's checkpoints byt
   exchange_options learn;
   learn.learn_order = true;
   check_identity<Exchanger<Fusion<2048>>>(2, 3, none, learn);
+  check_identity<Exchanger<Sparsifier<OkTopK<0.05>>>>(4, 5, none);  // each rank keeps its own local thresholds
+  check_identity<Exchanger<Fusion<2048>, Sparsifier<OkTopK<0.05>>>>(3, 5, [](auto& ex) { ex.sparsifier().set_params(oktopk_test_params()); });
 }
 
 // ---- P' != P: conservation --------------------------------------------------------------------
@@ -181,6 +198,95 @@ TEST_CASE("reshard: P' = P rewrites every built-in composition's checkpoints byt
 TEST_CASE("reshard: TopK and GTopK residuals are conserved element by element onto 1, 2, 3 and 6 ranks from 4") {
   check_conservation<Exchanger<Sparsifier<TopK<0.05>>>>(4, 3, [](auto&) {});
   check_conservation<Exchanger<Fusion<2048>, Sparsifier<GTopK<0.05>>>>(4, 3, [](auto&) {});
+}
+
+TEST_CASE("reshard: OkTopK residuals are conserved element by element onto 1, 2, 3 and 6 ranks from 4") {
+  auto configure = [](auto& ex) { ex.sparsifier().set_params(oktopk_test_params()); };
+  check_conservation<Exchanger<Sparsifier<OkTopK<0.05>>>>(4, 5, configure);
+  check_conservation<Exchanger<Fusion<2048>, Sparsifier<OkTopK<0.05>>>>(4, 5, configure);
+}
+
+TEST_CASE("reshard: OkTopK carries its parameters; on another size its estimates are reset and re-estimated in the first iteration") {
+  using E = Exchanger<Fusion<2048>, Sparsifier<OkTopK<0.05>>>;
+  auto configure = [](auto& ex) { ex.sparsifier().set_params(oktopk_test_params()); };
+  const int P = 4, k = 5;
+  const auto files = saved_set<E>(P, k, configure);
+  // The saved job has estimates, and its local thresholds differ between ranks (they are each
+  // rank's own: the set is accepted all the same).
+  std::vector<float> local0(P);
+  std::size_t units = 0;
+  inproc::run(P, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, rs_layout());
+    std::istringstream in(files[std::size_t(t.rank())], std::ios::binary);
+    ex.load_state(in);
+    if (t.rank() == 0) units = ex.sparsifier().units();
+    for (std::size_t u = 0; u < ex.sparsifier().units(); ++u) {
+      CHECK(ex.sparsifier().unit(u).local_thr >= 0.0f);
+      CHECK(ex.sparsifier().unit(u).global_thr >= 0.0f);
+      CHECK(ex.sparsifier().unit(u).bounds.size() == std::size_t(P) + 1);
+    }
+    local0[std::size_t(t.rank())] = ex.sparsifier().unit(0).local_thr;
+  });
+  REQUIRE(units > 1);
+  CHECK((local0[0] != local0[1] || local0[0] != local0[2] || local0[0] != local0[3]));
+  // The uninterrupted job's next iteration (k), for the same-size check.
+  std::vector<std::vector<float>> straight(P);
+  inproc::run(P, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, rs_layout());
+    configure(ex);
+    for (int it = 0; it <= k; ++it) step(ex, t.rank(), it);
+    straight[std::size_t(t.rank())].assign(ex.pool_data(), ex.pool_data() + ex.pool_size());
+    const auto r = residual_of(ex);
+    straight[std::size_t(t.rank())].insert(straight[std::size_t(t.rank())].end(), r.begin(), r.end());
+  });
+  for (int P2 : {3, 5, 2, P}) {
+    CAPTURE(P2);
+    inproc::run(P2, [&](inproc::transport& t) {
+      on_inproc<E> ex(t, rs_layout());  // default parameters: the set brings the saved ones
+      streams s(files);
+      load_resharded(ex, s.span());
+      auto& sp = ex.sparsifier();
+      CHECK(ex.iteration() == std::uint64_t(k));
+      CHECK(sp.params().threshold_period == 16);
+      CHECK(sp.params().boundary_period == 24);
+      CHECK(sp.params().local_adapt == 1.02);
+      CHECK(sp.params().global_adapt == 1.01);
+      CHECK(sp.params().capacity == 3.0);
+      REQUIRE(sp.units() == units);
+      for (std::size_t u = 0; u < units; ++u) {
+        if (P2 == P) {
+          CHECK(sp.unit(u).bounds.size() == std::size_t(P) + 1);
+        } else {
+          CHECK(sp.unit(u).local_thr == -1.0f);
+          CHECK(sp.unit(u).global_thr == -1.0f);
+          CHECK(sp.unit(u).bounds.empty());
+        }
+      }
+      step(ex, t.rank(), k);
+      const auto r1 = sp.reestimated();
+      if (P2 == P) {  // the estimates were kept: iteration k is neither a threshold nor a boundary iteration
+        CHECK(r1.boundary == 0);
+        CHECK(r1.global == 0);
+        std::vector<float> got(ex.pool_data(), ex.pool_data() + ex.pool_size());
+        const auto r = residual_of(ex);
+        got.insert(got.end(), r.begin(), r.end());
+        const auto& want = straight[std::size_t(t.rank())];
+        REQUIRE(got.size() == want.size());
+        CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);  // bitwise the uninterrupted run
+      } else {  // as on first use: every unit's exact local top-k, boundaries, exact global top-k
+        CHECK(r1.local == units);
+        CHECK(r1.boundary == units);
+        CHECK(r1.global == units);
+        for (std::size_t u = 0; u < units; ++u) {
+          CHECK(sp.unit(u).bounds.size() == std::size_t(P2) + 1);
+          CHECK(sp.unit(u).global_thr >= 0.0f);
+        }
+        step(ex, t.rank(), k + 1);
+        CHECK(sp.reestimated().boundary == 0);  // estimated once, then kept until their period
+        CHECK(sp.reestimated().global == 0);
+      }
+    });
+  }
 }
 
 TEST_CASE("reshard: CSC history is conserved; settings, selection and norms carry over") {
@@ -341,6 +447,51 @@ TEST_CASE("reshard: truncated, corrupt, mixed, missing, duplicate and foreign se
   }
 }
 
+TEST_CASE("reshard: OkTopK sets with differing parameters or invalid estimates are refused before anything is applied") {
+  using E = Exchanger<Sparsifier<OkTopK<0.05>>>;  // one selection unit: the tail is at a known place
+  const int P = 3;
+  const auto files = saved_set<E>(P, 5, [](auto&) {});
+  // The end of an OkTopK (unfused) checkpoint: ..., f32 local, f32 global, u64 P + 1, (P + 1) x u64
+  // boundaries, u64 checksum (the hash of every byte before it).
+  const std::size_t tail = 8 + 8 * (P + 1) + 8 + 4 + 4;
+  auto rewrite = [&](std::string f, std::size_t from_end, float v) {
+    std::memcpy(f.data() + f.size() - from_end, &v, sizeof v);
+    detail::stream_hash h;
+    h.update(f.data(), f.size() - 8);
+    const std::uint64_t c = h.value();
+    for (int i = 0; i < 8; ++i) f[f.size() - 8 + std::size_t(i)] = static_cast<char>((c >> (8 * i)) & 0xffu);
+    return f;
+  };
+  SUBCASE("the rewrite itself leaves a valid checkpoint (a local threshold is each rank's own)") {
+    auto f = files;
+    f[1] = rewrite(f[1], tail, 0.25f);
+    streams s(f);
+    CHECK_NOTHROW((void)reshard_checkpoints(s.span(), 2));
+  }
+  SUBCASE("a global threshold differs between ranks: R1") {
+    auto f = files;
+    f[1] = rewrite(f[1], tail - 4, 0.25f);
+    check_refused<E, mismatch_error>(f, "checkpoints");
+  }
+  SUBCASE("a threshold that is not a magnitude: E74") {
+    auto f = files;
+    f[2] = rewrite(f[2], tail, -2.0f);
+    check_refused<E, parse_error>(f, "checkpoints");
+    streams s(f);
+    try {
+      (void)reshard_checkpoints(s.span(), 2);
+      FAIL("no error");
+    } catch (const parse_error& e) {
+      CHECK(std::string(e.what()).find("checkpoint 2 of the set cannot be read") != std::string::npos);
+      CHECK(std::string(e.what()).find("unit 0 has threshold -2.000000") != std::string::npos);
+    }
+  }
+  SUBCASE("other parameters: R1") {
+    const auto other = saved_set<E>(P, 5, [](auto& ex) { ex.sparsifier().set_params(oktopk_test_params()); });
+    check_refused<E, mismatch_error>({files[0], other[1], files[2]}, "checkpoints");
+  }
+}
+
 TEST_CASE("reshard: a bad new rank or size is refused") {
   using E = Exchanger<Sparsifier<TopK<0.05>>>;
   const auto files = saved_set<E>(2, 1, [](auto&) {});
@@ -403,10 +554,10 @@ TEST_CASE("reshard: save_checkpoint writes atomically; load_checkpoint takes the
 // ---- the gflow-reshard tool ----------------------------------------------------------------------
 
 #ifdef GFLOW_RESHARD_EXE
-TEST_CASE("reshard: gflow-reshard rewrites 4 files into 3 that load_state takes as load_resharded's; a bad set writes nothing") {
-  using E = Exchanger<Fusion<2048>, Sparsifier<GTopK<0.05>>>;
+template <class E>
+void check_tool(const std::string& name) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("gflow_reshard_tool_" + std::to_string(::getpid()));
+  const fs::path dir = fs::temp_directory_path() / ("gflow_reshard_tool_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir / "in");
   const auto files = saved_set<E>(4, 3, [](auto&) {});
@@ -440,5 +591,10 @@ TEST_CASE("reshard: gflow-reshard rewrites 4 files into 3 that load_state takes 
   CHECK_FALSE(fs::exists(bad_out));
   CHECK(std::system((exe + " --out " + bad_out + args + " 2> /dev/null").c_str()) == 512);  // usage: no --size
   fs::remove_all(dir);
+}
+
+TEST_CASE("reshard: gflow-reshard rewrites 4 files into 3 that load_state takes as load_resharded's; a bad set writes nothing") {
+  check_tool<Exchanger<Fusion<2048>, Sparsifier<GTopK<0.05>>>>("gtopk");
+  check_tool<Exchanger<Fusion<2048>, Sparsifier<OkTopK<0.05>>>>("oktopk");
 }
 #endif

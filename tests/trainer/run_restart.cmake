@@ -3,8 +3,8 @@
 # others run on); the survivors must report a timeout_error within the configured timeout; then a
 # restart from the last complete set on P - 1 ranks (re-sharded) and on P ranks.
 #   cmake -DMPIEXEC=... -DNP=4 -DEXE=<train_csc> -DWORK=<dir> -DSEED=<n> [-DACCURACY=ON] -P run_restart.cmake
-#   [-DEPOCHS=E -DLIMIT=L -DWARMUP=W]: a run of E epochs on L samples (the torch trainer's shorter
-#   test); L divisible by NP * 32, so that N = E * L / NP / 32.
+#   [-DEPOCHS=E -DLIMIT=L -DWARMUP=W]: a run of E epochs on L samples (the torch trainer's tests,
+#   with or without ACCURACY); L divisible by NP * 32, so that N = E * L / NP / 32.
 # Checks: the P-rank restart's final parameters are bitwise those of the uninterrupted run; the
 # (P-1)-rank re-shard conserves every residual element (sum over ranks / ranks, within one float
 # rounding per new rank; the trainer prints the count, and the bitwise check on dyadic values is

@@ -54,7 +54,8 @@
 // Parameters (set_params; detail::oktopk_params, defaults from the authors' code): threshold_period
 // 32, boundary_period 64, local_adapt 1.012, global_adapt 1.008, capacity 2. Densities and
 // schedules: set_density / set_schedule as TopK. Checkpoints hold TopK's fields plus the
-// parameters and, per unit, both thresholds and the boundaries. Introspection: residual(),
+// parameters and, per unit, both thresholds and the boundaries (re-sharded onto another number
+// of ranks: the residual by the share rule, the estimates reset, support/reshard.hpp). Introspection: residual(),
 // selected(), exchanged(), k(), wire_bytes() (every round), reestimated() (which iterations
 // paid for an exact selection, a boundary estimate or an exact global top-k), unit(u).
 // Buffers are reserved for the schedule's largest density: an iteration allocates nothing once

@@ -23,10 +23,23 @@
 // is rounded to float once), so on dyadic values whose scaled sum is representable nothing is
 // lost to the last bit. P' = P is the identity, byte for byte.
 //
+// OkTopK (engines/oktopk/engine.hpp, save_state): its residual follows the rule above, its
+// parameters (periods, adaptation factors, capacity) are shared state and copied. Its estimates
+// are not carried to P' != P: every unit's local and global thresholds become -1 and its region
+// boundaries empty ("not estimated"), so the first iteration after the restart re-estimates them
+// as on first use (exact local top-k, the boundaries' all_reduce, exact global top-k). The
+// thresholds are magnitudes of the residual-plus-gradient sums, which the re-shard changes (a new
+// rank holds the scaled sum of several old ranks' residuals), and the boundaries cut the unit into
+// P regions, one per old rank: neither describes the new job. The global thresholds and the
+// boundaries are identical on every rank and checked like other shared state; the local
+// thresholds are each rank's own (not compared). With P' = P each rank keeps its own, byte for byte.
+//
 // The tuner (Fusion<Auto>) measured the old job's network; with P' != P it settles again (its
 // probe phase starts over, its fitted alpha-beta and drift reference are cleared; its retune count
 // carries over). With P' = P its state is kept.
+#include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <istream>
 #include <ostream>
 #include <span>
@@ -51,7 +64,7 @@ namespace detail {
 
 /// Which sections a composition writes, from its name (composition_name<Set>()).
 struct checkpoint_schema {
-  enum class sparse { dense, topk, csc } kind = sparse::dense;
+  enum class sparse { dense, topk, oktopk, csc } kind = sparse::dense;
   bool topology_state = false;  // Topology<Hybrid>: TOPO holds the threshold
   bool tuned = false;           // Fusion<Auto>: a TUNE section
 };
@@ -65,12 +78,12 @@ inline checkpoint_schema schema_of(std::string_view name) {
   const std::string_view sp = after("gflow::Sparsifier<");
   if (sp.starts_with(">") || sp.starts_with("gflow::Dense>")) s.kind = checkpoint_schema::sparse::dense;
   else if (sp.starts_with("gflow::TopK<") || sp.starts_with("gflow::GTopK<")) s.kind = checkpoint_schema::sparse::topk;
+  else if (sp.starts_with("gflow::OkTopK<")) s.kind = checkpoint_schema::sparse::oktopk;
   else if (sp.starts_with("gflow::CSC<")) s.kind = checkpoint_schema::sparse::csc;
-  // Hook for OkTopK (its own per-rank state): add its kind here and its section below
-  // (read_sparse); until then its checkpoints are refused like any sparsifier gflow cannot parse.
+  // A sparsifier of one's own (a user's engine): its state is unknown here, so it is refused.
   else
     throw invalid_argument("composition",
-                           "re-sharding reads the sparsifier state of Dense, TopK, GTopK and CSC; this checkpoint's composition is <" +
+                           "re-sharding reads the sparsifier state of Dense, TopK, GTopK, OkTopK and CSC; this checkpoint's composition is <" +
                                std::string(name) + ">, whose sparsifier writes a state re-sharding cannot split.",
                            "resume it on the same number of ranks (load_state), or restart its exchange state from zero.");
   const std::string_view topo = after("gflow::Topology<");
@@ -92,6 +105,10 @@ struct checkpoint_image {
   std::string exch, topo, sparse_shared, tune;  // encoded bytes, tags excluded
   bool has_residual = false;
   std::vector<float> residual;
+  // What follows the residual in SPRS (OkTopK; empty for the others): the bytes as read (this
+  // rank's own, written again when P' = P), the part every rank holds alike (compared), and the
+  // tail of a job of another size (the estimates reset).
+  std::string sparse_tail, sparse_tail_shared, sparse_tail_reset;
 };
 
 /// Reads fields from `r` and writes them again to `w` (so the shared bytes are re-encoded as read).
@@ -110,6 +127,55 @@ struct field_copier {
   }
 };
 
+/// OkTopK's state after its residual: parameters, then per selection unit the local threshold
+/// (this rank's), the global threshold and the region boundaries (0 or P + 1 offsets; every
+/// rank's alike). Fills the tail's three encodings (checkpoint_image).
+inline void read_oktopk_tail(checkpoint_reader& r, checkpoint_image& img) {
+  std::ostringstream all(std::ios::binary), shared(std::ios::binary), reset(std::ios::binary);
+  checkpoint_writer wa(all), ws(shared), wr(reset);
+  const auto u64 = [&](std::string_view what) {
+    const std::uint64_t v = r.u64(what);
+    for (checkpoint_writer* w : {&wa, &ws, &wr}) w->u64(v);
+    return v;
+  };
+  const auto f64 = [&](std::string_view what) {
+    const double v = r.f64(what);
+    for (checkpoint_writer* w : {&wa, &ws, &wr}) w->f64(v);
+  };
+  const auto thr = [&](std::uint64_t u, std::string_view what) {
+    const float v = r.f32(what);
+    if (!(std::isfinite(v) && (v >= 0.0f || v == -1.0f)))
+      r.fail("threshold", fmt::format("unit {} has threshold {:f} (finite and >= 0, or -1 for not estimated, expected).", u, v));
+    wa.f32(v);
+    return v;
+  };
+  for (const char* p : {"threshold_period", "boundary_period"})
+    if (u64(p) == 0) r.fail(p, fmt::format("the OkTopK {} is 0.", p));
+  for (const char* p : {"local_adapt", "global_adapt", "capacity"}) f64(p);
+  const std::uint64_t units = u64("the OkTopK unit count");
+  const std::uint64_t max_units = img.id.pool_elems + 1;  // a unit (bucket or pool) holds an element at least
+  if (units > max_units) r.fail("units", fmt::format("the checkpoint claims {} OkTopK selection units for a pool of {} elements.", units, img.id.pool_elems));
+  const std::size_t P = img.id.size;
+  for (std::uint64_t u = 0; u < units; ++u) {
+    (void)thr(u, "a local threshold");
+    ws.f32(thr(u, "a global threshold"));
+    const std::vector<std::uint64_t> b = r.array_upto<std::uint64_t>(P + 1, "the boundaries");
+    if (!b.empty() && b.size() != P + 1)
+      r.fail("boundaries", fmt::format("unit {} has {} region boundaries; 0 or {} (the saving job's ranks + 1) expected.", u, b.size(), P + 1));
+    for (std::size_t i = 0; i < b.size(); ++i)
+      if ((i == 0 && b[i] != 0) || (i > 0 && b[i] < b[i - 1]) || b[i] > img.id.pool_elems)
+        r.fail("boundaries", fmt::format("unit {}'s region boundaries are not 0 <= ... <= {} in order (boundary {} is {}).", u, img.id.pool_elems, i, b[i]));
+    wa.array(b.data(), b.size());
+    ws.array(b.data(), b.size());
+    wr.f32(-1.0f);    // local threshold: not estimated
+    wr.f32(-1.0f);    // global threshold: not estimated
+    wr.u64(0);        // boundaries: an empty array, not estimated
+  }
+  img.sparse_tail = all.str();
+  img.sparse_tail_shared = shared.str();
+  img.sparse_tail_reset = reset.str();
+}
+
 inline void read_sparse(checkpoint_reader& r, const checkpoint_schema& s, checkpoint_image& img) {
   std::ostringstream os(std::ios::binary);
   checkpoint_writer w(os);
@@ -117,7 +183,8 @@ inline void read_sparse(checkpoint_reader& r, const checkpoint_schema& s, checkp
   const std::size_t pool = static_cast<std::size_t>(img.id.pool_elems);
   switch (s.kind) {
     case checkpoint_schema::sparse::dense: break;
-    case checkpoint_schema::sparse::topk: {  // engines/topk/engine.hpp, save_state
+    case checkpoint_schema::sparse::topk:  // engines/topk/engine.hpp, save_state
+    case checkpoint_schema::sparse::oktopk: {  // engines/oktopk/engine.hpp, save_state: TopK's head and residual, then its own
       c.u32("index_bytes");
       c.f64("density");
       const std::uint64_t steps = c.u64("the density schedule's step count");
@@ -129,6 +196,7 @@ inline void read_sparse(checkpoint_reader& r, const checkpoint_schema& s, checkp
       c.f64("the final density");
       img.residual = r.array_upto<float>(pool, "the residual");
       img.has_residual = true;
+      if (s.kind == checkpoint_schema::sparse::oktopk) read_oktopk_tail(r, img);
       break;
     }
     case checkpoint_schema::sparse::csc: {  // engines/csc.hpp, save_state
@@ -257,7 +325,10 @@ inline std::vector<const checkpoint_image*> order_set(const std::vector<checkpoi
                            fmt::format("rank 0's checkpoint was saved after iteration {}, rank {}'s after iteration {}: the set mixes generations.",
                                        z.iteration, r, x.iteration),
                            "pass checkpoints saved at the same iteration by every rank (e.g. the last complete set).");
-    const char* differs = x.exch != z.exch ? "EXCH" : x.topo != z.topo ? "TOPO" : x.sparse_shared != z.sparse_shared ? "SPRS" : nullptr;
+    const char* differs = x.exch != z.exch                                 ? "EXCH"
+                          : x.topo != z.topo                                 ? "TOPO"
+                          : x.sparse_shared != z.sparse_shared || x.sparse_tail_shared != z.sparse_tail_shared ? "SPRS"
+                                                                             : nullptr;
     if (differs || x.residual.size() != z.residual.size())
       throw mismatch_error("checkpoints",
                            fmt::format("the state every rank holds alike (section {}) differs between rank 0 and rank {} at iteration {}.",
@@ -298,6 +369,8 @@ inline void write_resharded(const std::vector<const checkpoint_image*>& set, std
     }
     w.array(res.data(), n);
   }
+  const std::string& tail = P == new_size ? set[new_rank]->sparse_tail : z.sparse_tail_reset;  // OkTopK's estimates: kept, or reset
+  w.bytes(tail.data(), tail.size());
   if (s.tuned) {
     w.tag(section_tag("TUNE"));
     const std::string tune = P == new_size ? set[new_rank]->tune : reset_tuner(z.tune);

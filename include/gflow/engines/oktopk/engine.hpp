@@ -153,7 +153,8 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   // Format (after the exchanger's header): u32 index bytes, f64 density, the schedule (u64 steps,
   // (u64 until, f64 density) each, f64 final), the residual array (as TopK's), then OkTopK's own:
   // the parameters (u64, u64, f64, f64, f64), u64 units, per unit f32 local threshold,
-  // f32 global threshold, the boundaries array (0 or P + 1 u64).
+  // f32 global threshold, the boundaries array (0 or P + 1 u64). support/reshard.hpp
+  // (read_oktopk_tail) reads this tail without an engine and must change with it.
   struct saved_state {
     std::vector<float> residual;
     plan::density_schedule schedule = plan::density_schedule::constant(Density);
