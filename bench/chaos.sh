@@ -90,6 +90,15 @@ spike() {
     "${tcx[@]}" qdisc change dev "$dev" root handle 1: tbf rate "$RATE" burst 4mb limit "$limit"
   fi
 }
+# The link as it is between spikes (the spiker may be stopped inside spike(), before its second
+# change: this puts the link back).
+unspike() {
+  if [[ $spike_how == netem ]]; then
+    "${tcx[@]}" qdisc change dev "$dev" parent 1:1 handle 10: netem loss 1%
+  elif [[ $spike_how == tbf ]]; then
+    "${tcx[@]}" qdisc change dev "$dev" root handle 1: tbf rate "$RATE" burst 4mb limit "$limit"
+  fi
+}
 if ! err=$(spike 2>&1); then
   echo "chaos: a latency spike could not be applied: $err"
   spike_how=none
@@ -124,7 +133,8 @@ timeout 180 "$netem" exec "$N" -- "$exe" "${train[@]}" --checkpoint-every "$K" -
     wait  # the pause's SIGCONT
   } >"$work/run.log"
 rc=${PIPESTATUS[0]}
-kill "$spiker" 2>/dev/null; spiker=""
+kill "$spiker" 2>/dev/null; wait "$spiker" 2>/dev/null; spiker=""
+unspike  # the restart below runs on this network: never on a link left stalled by a killed spike
 read -r tx1 retrans1 drop1 <<<"$(counters)"
 t1=$(date +%s.%N)
 
