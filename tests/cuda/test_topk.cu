@@ -94,6 +94,51 @@ GFLOW_CUDA_TEST("kernels", topk_select_matches_host_radix_select) {
                    gflow::invalid_argument);
 }
 
+// The candidates path of topk_selector::select (units of 2^20 elements and more, k <= n / 64):
+// the same indices as the host's radix select, and each path taken where it should be: spread and
+// random-bit keys go through the candidates; many ties and zeros (12 key bits cannot separate
+// them: too many candidates) and a sample that saw only the large elements (too few) fall back
+// to the full selection.
+GFLOW_CUDA_TEST("kernels", topk_select_candidates_path_and_fallbacks) {
+  std::mt19937_64 rng(7);
+  const std::size_t n = (std::size_t{3} << 20) + 7;
+  gc::topk_selector sel(1 << 22);
+  auto path_of = [&](auto&& fn) {
+    const auto before = sel.paths();
+    fn();
+    const auto after = sel.paths();
+    return after.candidates > before.candidates ? 'c' : after.full > before.full ? 'f' : '-';
+  };
+  for (int mode : {0, 3}) {
+    for (std::size_t kk : {std::size_t{1}, std::size_t{3000}, std::size_t{30000}, n / 64}) {
+      const char p = path_of([&] { check_select<std::uint32_t>(rng, n, kk, mode, sel); });
+      EXPECT_MSG(p == 'c', "mode " + std::to_string(mode) + " k " + std::to_string(kk) + ": the candidates path ran (got '" + std::string(1, p) + "')");
+    }
+  }
+  for (int mode : {1, 2}) {
+    const char p = path_of([&] { check_select<std::uint64_t>(rng, n, 5000, mode, sel); });
+    EXPECT_MSG(p == 'f', "mode " + std::to_string(mode) + ": the full selection ran (got '" + std::string(1, p) + "')");
+  }
+  EXPECT(path_of([&] { check_select<std::uint32_t>(rng, n, n / 64 + 1, 0, sel); }) == 'f');  // k above n / 64
+  EXPECT(path_of([&] { check_select<std::uint32_t>(rng, (1 << 20) - 1, 100, 0, sel); }) == 'f');  // a unit under 2^20
+  {  // the sample sees only large values: fewer candidates than k
+    const std::size_t m = std::size_t{1} << 22, kk = m / 64;
+    std::vector<float> v(m);
+    for (std::size_t i = 0; i < m; ++i) v[i] = std::ldexp(static_cast<float>(rng() % 1000 + 1), -40);
+    for (std::size_t j = 1; j < 65536; ++j) v[j * m / 65536] = 2.0f;  // every sampled position but the first
+    std::vector<std::uint32_t> scratch(m), want(kk);
+    k::select_topk(v.data(), m, kk, 0, want.data(), scratch.data());
+    dvec<float> dv(v);
+    dvec<std::uint32_t> dout(kk);
+    const char p = path_of([&] {
+      sel.select(dv.p, m, kk, 0, dout.p, nullptr);
+      ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after select");
+    });
+    EXPECT_MSG(p == 'f', std::string("too few candidates: the full selection ran (got '") + p + "')");
+    EXPECT(same_bytes(dout.get(kk), want));
+  }
+}
+
 GFLOW_CUDA_TEST("kernels", topk_take_scatter_and_residual_match_host) {
   std::mt19937_64 rng(2);
   const std::size_t n = 100000;

@@ -15,15 +15,27 @@
 // cub::DeviceScan and cub::BlockScan: deterministic, no atomics in the output, no sort. Cost:
 // five reads of the keys for 3 digit passes, the count and the write pass. A single selection
 // handles up to 2^32 - 1 elements (its counts are 32-bit); larger units raise invalid_argument.
+//
+// Candidates first (select() on large units, n >= 2^20 and k <= n / 64): one block histograms the
+// top 12 key bits of 65536 evenly spaced samples and picks the lowest bin edge `lo` above which
+// about twice the expected share of k (plus 32) samples lie; the count pass (the one above, with
+// the threshold lo - 1) counts the elements with key >= lo, and that count comes to the host (one
+// stream synchronisation). If it lies in [k, capacity] (capacity max(8k + 256 n / 65536, n / 64)), the write
+// pass gathers those candidates (positions and keys, in index order) and the radix select runs
+// on the candidates alone: every element of the top k is one of them, so the result is the same
+// indices. Two reads of the keys instead of five. Otherwise (a sample that missed, or keys too
+// concentrated for 12 bits to separate: many ties, zeros) the full selection above runs as well.
 #include <cuda_runtime.h>
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "../error.hpp"
@@ -224,6 +236,72 @@ __global__ void iota_kernel(I* out, std::size_t n, std::uint64_t base) {
   for (std::size_t i = kernel_detail::thread_index(); i < n; i += kernel_detail::grid_stride()) out[i] = static_cast<I>(base + i);
 }
 
+/// Samples `samples` evenly spaced keys, histograms their top 12 bits, and sets st->prefix to
+/// lo - 1 where lo is the lowest bin edge with at least `want` samples at or above it (no such
+/// bin, or lo = 0: prefix 0xffffffff, so that nothing counts as a candidate and the full
+/// selection runs); st->remaining = 0. One block of choose_threads threads.
+template <class Keys>
+__global__ void __launch_bounds__(choose_threads)
+    sample_kernel(Keys keys, std::size_t n, unsigned samples, unsigned want, select_state* st) {
+  constexpr unsigned bins = digit<0>::bins;
+  constexpr unsigned per = bins / choose_threads;
+  using scan_t = cub::BlockScan<unsigned, choose_threads>;
+  __shared__ unsigned hist[bins];
+  __shared__ typename scan_t::TempStorage tmp;
+  __shared__ unsigned found;
+  for (unsigned b = threadIdx.x; b < bins; b += blockDim.x) hist[b] = 0;
+  if (threadIdx.x == 0) found = 0;
+  __syncthreads();
+  for (unsigned j = threadIdx.x; j < samples; j += blockDim.x) {
+    const std::size_t i = static_cast<std::size_t>(static_cast<unsigned long long>(j) * n / samples);
+    atomicAdd(&hist[keys(i) >> 20], 1u);
+  }
+  __syncthreads();
+  unsigned c[per];
+  unsigned sum = 0;
+  for (unsigned j = 0; j < per; ++j) {
+    c[j] = hist[bins - 1 - (threadIdx.x * per + j)];
+    sum += c[j];
+  }
+  unsigned before = 0;
+  scan_t(tmp).ExclusiveSum(sum, before);
+  for (unsigned j = 0; j < per; ++j) {
+    const unsigned rb = bins - 1 - (threadIdx.x * per + j);
+    if (before < want && before + c[j] >= want) found = rb;  // one thread: the bin where the count from the top reaches want
+    before += c[j];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    st->prefix = found == 0 ? 0xffffffffu : (found << 20) - 1u;
+    st->remaining = 0;
+  }
+}
+
+/// The write pass's emitter for the candidates: position and key, in index order, at most cap.
+struct emit_candidate {
+  const float* v;
+  unsigned* pos;
+  unsigned* key;
+  unsigned long long cap;
+  __device__ __forceinline__ void operator()(std::size_t i, bool sel, unsigned long long p) const {
+    if (sel && p < cap) {
+      pos[p] = static_cast<unsigned>(i);
+      key[p] = magnitude_key(v[i]);
+    }
+  }
+};
+
+/// The candidates' selection's emitter: the selected candidate's pool position.
+template <class I>
+struct emit_from_candidates {
+  I* out;
+  const unsigned* pos;
+  std::uint64_t base;
+  __device__ __forceinline__ void operator()(std::size_t i, bool sel, unsigned long long p) const {
+    if (sel) out[p] = static_cast<I>(base + pos[i]);
+  }
+};
+
 inline unsigned blocks_for(std::size_t n) { return kernel_detail::blocks_for(n, threads, kernel_detail::max_blocks); }
 inline unsigned tiles_for(std::size_t n) { return static_cast<unsigned>((n + tile - 1) / tile); }
 
@@ -248,12 +326,23 @@ class topk_selector {
                "cub::DeviceScan::ExclusiveSum size query");
     temp_ = device_array<unsigned char>(bytes, "cudaMalloc of the top-k scan scratch");
     temp_bytes_ = bytes;
+    void* h = nullptr;
+    check_cuda(cudaMallocHost(&h, 2 * sizeof(unsigned long long)), "cudaMallocHost of the top-k candidate count");
+    host_.reset(static_cast<unsigned long long*>(h));
   }
 
   [[nodiscard]] std::size_t max_n() const noexcept { return max_n_; }
 
+  /// How select() ran so far: through the candidates, or the full selection (small units, large
+  /// k, or candidates out of [k, capacity]). The result is the same either way.
+  struct path_counts {
+    std::size_t candidates = 0, full = 0;
+  };
+  [[nodiscard]] path_counts paths() const noexcept { return paths_; }
+
   /// Writes base + position of the min(k, n) largest |v[0, n)| to out, increasing; ties to the
-  /// lower index. Device pointers; enqueued on `stream`.
+  /// lower index. Device pointers; enqueued on `stream`, except that on large units the candidate
+  /// count comes to the host first (one synchronisation of `stream`; see the header).
   template <class I>
   void select(const float* v, std::size_t n, std::size_t k, std::uint64_t base, I* out, cudaStream_t stream) {
     check_n(n);
@@ -263,6 +352,11 @@ class topk_selector {
                             "launch of gflow::cuda::topk_selector (k >= n)", out, n, base);
       return;
     }
+    if (n >= min_sampled_n && k <= n / 64 && select_candidates(v, n, k, base, out, stream)) {
+      ++paths_.candidates;
+      return;
+    }
+    ++paths_.full;
     run(topk_detail::float_keys{v}, n, nullptr, k, topk_detail::emit_index<I>{out, base}, stream);
   }
 
@@ -287,6 +381,51 @@ class topk_selector {
   }
 
  private:
+  static constexpr std::size_t min_sampled_n = std::size_t{1} << 20;
+  static constexpr unsigned samples = 65536;
+
+  // The candidates path (see the header); false when the count is outside [k, capacity] (nothing
+  // was written to out, the full selection must run).
+  template <class I>
+  bool select_candidates(const float* v, std::size_t n, std::size_t k, std::uint64_t base, I* out, cudaStream_t stream) {
+    using namespace topk_detail;
+    const unsigned expect = static_cast<unsigned>((static_cast<unsigned long long>(k) * samples + n - 1) / n);
+    const unsigned want = 2 * expect + 32;
+    // Room for the candidates: about 4 x what `want` asks for, at least n / 64 (12-bit bins can
+    // hold many more elements than the samples in them suggest); only memory, the count decides the cost.
+    const std::size_t cap = std::min<std::size_t>(n, std::max<std::size_t>(8 * k + 256 * (n / samples), n / 64));
+    const float_keys keys{v};
+    kernel_launch_sample(keys, n, want, stream);
+    const unsigned tiles = tiles_for(n);
+    kernel_detail::launch(count_kernel<float_keys>, tiles, threads, stream, "launch of the gflow::cuda::topk_selector candidate count", keys, n,
+                          static_cast<const unsigned*>(nullptr), state_.get(), counts_.get());
+    std::size_t bytes = temp_bytes_;
+    check_cuda(cub::DeviceScan::ExclusiveSum(temp_.get(), bytes, counts_.get(), offsets_.get(), static_cast<int>(tiles), stream),
+               "cub::DeviceScan::ExclusiveSum of the top-k candidate counts");
+    check_cuda(cudaMemcpyAsync(host_.get(), counts_.get() + (tiles - 1), sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync of the top-k candidate count");
+    check_cuda(cudaMemcpyAsync(host_.get() + 1, offsets_.get() + (tiles - 1), sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync of the top-k candidate offset");
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize for the top-k candidate count");
+    const std::size_t count = static_cast<std::size_t>((host_.get()[0] >> 32) + (host_.get()[1] >> 32));  // key > lo - 1
+    if (count < k || count > cap) return false;
+    if (cand_cap_ < cap) {
+      cand_pos_ = device_array<unsigned>(cap, "cudaMalloc of the top-k candidate positions");
+      cand_key_ = device_array<unsigned>(cap, "cudaMalloc of the top-k candidate keys");
+      cand_cap_ = cap;
+    }
+    kernel_detail::launch(write_kernel<float_keys, emit_candidate>, tiles, threads, stream, "launch of the gflow::cuda::topk_selector candidate write", keys,
+                          n, static_cast<const unsigned*>(nullptr), state_.get(), offsets_.get(),
+                          emit_candidate{v, cand_pos_.get(), cand_key_.get(), static_cast<unsigned long long>(cap)});
+    run(plain_keys{cand_key_.get()}, count, nullptr, k, emit_from_candidates<I>{out, cand_pos_.get(), base}, stream);
+    return true;
+  }
+  template <class Keys>
+  void kernel_launch_sample(Keys keys, std::size_t n, unsigned want, cudaStream_t stream) {
+    kernel_detail::launch(topk_detail::sample_kernel<Keys>, 1u, topk_detail::choose_threads, stream, "launch of the gflow::cuda::topk_selector sample",
+                          keys, n, samples, want, state_.get());
+  }
+
   // Digit D of the threshold: histogram the keys that match the digits chosen so far, then pick.
   template <int D, class Keys>
   void digit_pass(Keys keys, std::size_t n_max, const unsigned* d_n, std::size_t k, cudaStream_t stream) {
@@ -308,6 +447,13 @@ class topk_selector {
   device_array<unsigned long long> counts_, offsets_;
   device_array<unsigned char> temp_;
   std::size_t temp_bytes_ = 0;
+  struct host_free {
+    void operator()(void* p) const noexcept { (void)cudaFreeHost(p); }
+  };
+  std::unique_ptr<unsigned long long, host_free> host_;  // the candidate count's tile count and offset (pinned)
+  device_array<unsigned> cand_pos_, cand_key_;        // the candidates (built on first use, grown for larger k)
+  std::size_t cand_cap_ = 0;
+  path_counts paths_{};
 };
 
 }  // namespace gflow::cuda
