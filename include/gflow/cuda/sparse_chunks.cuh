@@ -34,8 +34,10 @@
 // norms in the host's order instead: eight lanes, lane l adding |x_j| (j = l mod 8 from the
 // chunk's start, increasing j) in double with round-to-nearest, combined as
 // ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)) and rounded to float once, so that a device
-// exchange selects exactly the chunks the host one does. Eight threads of the chunk's block run the
-// lanes, one sequential chain each: slower than a tree, and the price of bitwise equality.
+// exchange selects exactly the chunks the host one does. The block stages each 2048-element tile
+// of the chunk in shared memory while it updates it (one pass over the chunk), and eight of its
+// threads run the lanes from there, one sequential chain each: the price of bitwise equality is
+// the chains' latency, hidden by the other resident blocks.
 //
 // Shape: one block of 256 threads per listed chunk (grid-stride over the list), threads stride
 // over the chunk's elements, one cub::BlockReduce per chunk for the norm.
@@ -195,29 +197,13 @@ namespace chunk_detail {
 
 enum class fused { to_wire, scatter, scatter_mul, from_wire, defer };
 
-// The host's L1 norm of chunk [b, e) (kernels/sparse_chunks.hpp, detail::l1_add / l1_total):
-// threads 0..7 each run one lane. value(i) gives the element. Every thread of the block calls it.
-template <class Value>
-__device__ __forceinline__ void host_order_norm(std::size_t b, std::size_t e, Value value, float* out, float scale, bool scaled,
-                                                double* lanes) {
-  __syncthreads();  // the block's writes of this chunk are visible
-  if (threadIdx.x < 8) {
-    double s = 0.0;
-#pragma unroll 8
-    for (std::size_t i = b + threadIdx.x; i < e; i += 8) s = __dadd_rn(s, fabs(static_cast<double>(value(i))));
-    lanes[threadIdx.x] = s;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const double t = __dadd_rn(__dadd_rn(__dadd_rn(lanes[0], lanes[1]), __dadd_rn(lanes[2], lanes[3])),
-                               __dadd_rn(__dadd_rn(lanes[4], lanes[5]), __dadd_rn(lanes[6], lanes[7])));
-    const float f = __double2float_rn(t);
-    *out = scaled ? __fmul_rn(scale, f) : f;
-  }
-  __syncthreads();  // lanes is reused by the next chunk
-}
-
 __device__ __forceinline__ float finite_or_zero(float v) { return kernel_detail::nonfinite(v) ? 0.0f : v; }
+
+// Elements per tile of the host-order norms: the block writes a tile's values to shared memory
+// (coalesced, and fused with the element-wise update: one pass over the chunk), then threads
+// 0..7 add them to their lanes from there. A multiple of 8, so that an element's lane is its
+// position in the tile mod 8.
+inline constexpr unsigned norm_tile = 2048;
 
 template <fused M, class W>
 __global__ void __launch_bounds__(block_threads)
@@ -225,37 +211,63 @@ fused_chunk_kernel(float* pool, float* hist, const W* win, W* wout, const float*
                    std::size_t count, float a, float u, float* norms, float norm_scale, unsigned long long* counter) {
   using ops = kernel_detail::wire_ops<W>;
   __shared__ double lanes[8];
+  __shared__ float tile[norm_tile];
   unsigned long long bad = 0;
   for (std::size_t j = blockIdx.x; j < count; j += gridDim.x) {
     const std::size_t c = list[j];
     const std::size_t b = c * C, e = chunk_end(c, n, C);
     const std::size_t k0 = j * C;  // position in the compaction buffer
-    if constexpr (M == fused::defer) {
-      // The norm of g = pool + hist first (the update below overwrites both).
-      if (norms != nullptr)
-        host_order_norm(b, e, [&](std::size_t i) { return __fadd_rn(pool[i], hist[i]); }, norms + c, 1.0f, false, lanes);
-      for (std::size_t i = b + threadIdx.x; i < e; i += block_threads) {
-        const float g = __fadd_rn(pool[i], hist[i]);
-        hist[i] = finite_or_zero(__fmul_rn(a, g));
-        pool[i] = 0.0f;
-      }
-    } else if constexpr (M == fused::to_wire) {
+    if constexpr (M == fused::to_wire) {
       for (std::size_t i = b + threadIdx.x; i < e; i += block_threads) {
         const float g = __fadd_rn(pool[i], hist[i]);
         const auto o = ops::from_float(__fmul_rn(g, a));
         reinterpret_cast<kernel_detail::raw_t<W>*>(wout)[k0 + (i - b)] = o;
         hist[i] = finite_or_zero(__fsub_rn(g, __fmul_rn(ops::to_float(o), u)));
       }
-    } else {  // the scatters: pool = the exchanged value, then the norm of what was written
-      for (std::size_t i = b + threadIdx.x; i < e; i += block_threads) {
-        float v;
-        if constexpr (M == fused::from_wire) v = ops::to_float(reinterpret_cast<const kernel_detail::raw_t<W>*>(win)[k0 + (i - b)]);
-        else if constexpr (M == fused::scatter_mul) v = __fmul_rn(fin[k0 + (i - b)], a);
-        else v = fin[k0 + (i - b)];
-        pool[i] = v;
-        bad += kernel_detail::nonfinite(v);
+    } else {
+      // defer: g = pool + hist, hist = m g (0 where inf/NaN), pool = 0, the norm of g; the
+      // scatters: pool = the exchanged value, counted, the norm of what was written. The norm is
+      // the host's (kernels/sparse_chunks.hpp, detail::l1_add / l1_total): lane l adds |x| of the
+      // elements l, l + 8, ... from the chunk's start in double, in increasing order, and the
+      // lanes are combined as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), rounded to float once.
+      const bool norm = norms != nullptr;  // the same for the whole block
+      double s = 0.0;
+      for (std::size_t t0 = b; t0 < e; t0 += norm_tile) {
+        const std::size_t m = e - t0 < norm_tile ? e - t0 : norm_tile;
+        for (std::size_t q = threadIdx.x; q < m; q += block_threads) {
+          const std::size_t i = t0 + q;
+          float v;
+          if constexpr (M == fused::defer) {
+            v = __fadd_rn(pool[i], hist[i]);
+            hist[i] = finite_or_zero(__fmul_rn(a, v));
+            pool[i] = 0.0f;
+          } else {
+            if constexpr (M == fused::from_wire) v = ops::to_float(reinterpret_cast<const kernel_detail::raw_t<W>*>(win)[k0 + (i - b)]);
+            else if constexpr (M == fused::scatter_mul) v = __fmul_rn(fin[k0 + (i - b)], a);
+            else v = fin[k0 + (i - b)];
+            pool[i] = v;
+            bad += kernel_detail::nonfinite(v);
+          }
+          if (norm) tile[q] = v;
+        }
+        if (norm) {
+          __syncthreads();  // the tile is written
+          if (threadIdx.x < 8)
+            for (std::size_t q = threadIdx.x; q < m; q += 8) s = __dadd_rn(s, fabs(static_cast<double>(tile[q])));
+          __syncthreads();  // the tile is read before the next one overwrites it
+        }
       }
-      if (norms != nullptr) host_order_norm(b, e, [&](std::size_t i) { return pool[i]; }, norms + c, norm_scale, true, lanes);
+      if (norm) {
+        if (threadIdx.x < 8) lanes[threadIdx.x] = s;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          const double t = __dadd_rn(__dadd_rn(__dadd_rn(lanes[0], lanes[1]), __dadd_rn(lanes[2], lanes[3])),
+                                     __dadd_rn(__dadd_rn(lanes[4], lanes[5]), __dadd_rn(lanes[6], lanes[7])));
+          const float f = __double2float_rn(t);
+          norms[c] = M == fused::defer ? f : __fmul_rn(norm_scale, f);
+        }
+        __syncthreads();  // lanes is reused by the next chunk
+      }
     }
   }
   if (counter != nullptr) kernel_detail::warp_add(counter, bad);
