@@ -1,4 +1,5 @@
-// Runs the CUDA tests: `gflow_cuda_tests [suite]` (suites: kernels, nccl).
+// Runs the CUDA tests: `gflow_cuda_tests [suite [name]]` (suites: kernels, device, nccl; name: only the
+// tests of the suite whose name contains it, e.g. one test on a short GPU lease).
 // Exit codes: 0 passed, 1 failed, 77 skipped (ctest's SKIP_RETURN_CODE). Skipped only where there
 // is genuinely no GPU: cudaGetDeviceCount says cudaErrorNoDevice (or 0 devices), or no NVIDIA
 // driver is installed at all (libcuda.so.1 cannot be loaded: a machine without a GPU, where the
@@ -25,6 +26,7 @@ bool driver_installed() {
 
 int main(int argc, char** argv) {
   const char* suite = argc > 1 ? argv[1] : nullptr;
+  const char* name = argc > 2 ? argv[2] : nullptr;
   int devices = 0;
   const cudaError_t e = cudaGetDeviceCount(&devices);
   if (e == cudaErrorNoDevice || (e == cudaSuccess && devices == 0)) {
@@ -50,6 +52,7 @@ int main(int argc, char** argv) {
   int ran = 0;
   for (const auto& t : gflow_cuda_test::registry()) {
     if (suite != nullptr && std::strcmp(suite, t.suite) != 0) continue;
+    if (name != nullptr && std::strstr(t.name, name) == nullptr) continue;
     const int before = gflow_cuda_test::failures();
     std::printf("[ RUN  ] %s.%s\n", t.suite, t.name);
     std::fflush(stdout);
@@ -64,7 +67,7 @@ int main(int argc, char** argv) {
   std::printf("%d test(s), %lld check(s), %d failure(s)\n", ran, static_cast<long long>(gflow_cuda_test::checks()),
               static_cast<int>(gflow_cuda_test::failures()));
   if (ran == 0) {
-    std::printf("no test matches suite '%s'\n", suite ? suite : "");
+    std::printf("no test matches suite '%s'%s%s\n", suite ? suite : "", name ? " and name " : "", name ? name : "");
     return 1;
   }
   return gflow_cuda_test::failures() == 0 ? 0 : 1;

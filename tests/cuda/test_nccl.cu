@@ -4,6 +4,7 @@
 #include <gflow/cuda/exchanger.cuh>
 #include <gflow/transport/nccl.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -123,6 +124,102 @@ GFLOW_CUDA_TEST("nccl", collectives_on_every_visible_device) {
     EXPECT_THROWS_AS(t.broadcast(b.p, 2, P), gflow::invalid_argument);
     EXPECT_THROWS_AS(t.send(out.p, 16, -1), gflow::invalid_argument);
     EXPECT_THROWS_AS(t.split(-1, 0), gflow::invalid_argument);
+  });
+}
+
+// What Sparsifier<OkTopK<d>> calls on device buffers: all_reduce of u64 sums, all_to_all of u64,
+// all_gather of u8, and the variable collectives (gflow::variable_transport: one group of
+// ncclSend / ncclRecv per peer, empty blocks skipped), with blocks of different sizes, some empty.
+namespace {
+template <class T>
+T vvalue(int src, int dst, std::size_t j) {
+  return static_cast<T>(static_cast<std::uint64_t>(src) * 1000003ull + static_cast<std::uint64_t>(dst) * 1009ull + j * 7ull + 1ull);
+}
+std::size_t vcount(int src, int dst) { return static_cast<std::size_t>((src * 3 + dst * 5) % 4 == 0 ? 0 : 1 + (src * 7 + dst * 11) % 13); }
+template <class T>
+void put_if(dbuf<T>& d, const std::vector<T>& h) {
+  if (!h.empty()) d.put(h);
+}
+template <class T>
+void variable_collectives(transport& t) {
+  const int P = t.size(), me = t.rank();
+  const auto Pz = static_cast<std::size_t>(P);
+  const std::string what = "rank " + std::to_string(me) + " of " + std::to_string(P) + ", " + std::to_string(sizeof(T)) + "-byte elements";
+  {  // all_to_all
+    const std::size_t n = 37;
+    std::vector<T> send(n * Pz);
+    for (int q = 0; q < P; ++q)
+      for (std::size_t j = 0; j < n; ++j) send[static_cast<std::size_t>(q) * n + j] = vvalue<T>(me, q, j);
+    dbuf<T> ds(send), dr(std::vector<T>(send.size(), T(0xab)));
+    t.all_to_all(ds.p, dr.p, n);
+    const auto got = dr.get();
+    bool good = true;
+    for (int q = 0; q < P; ++q)
+      for (std::size_t j = 0; j < n; ++j) good &= got[static_cast<std::size_t>(q) * n + j] == vvalue<T>(q, me, j);
+    EXPECT_MSG(good, what + ": all_to_all");
+  }
+  {  // all_to_allv
+    std::vector<std::size_t> sc(Pz), rc(Pz);
+    std::vector<T> send, want;
+    for (int q = 0; q < P; ++q) {
+      sc[static_cast<std::size_t>(q)] = vcount(me, q);
+      rc[static_cast<std::size_t>(q)] = vcount(q, me);
+      for (std::size_t j = 0; j < vcount(me, q); ++j) send.push_back(vvalue<T>(me, q, j));
+      for (std::size_t j = 0; j < vcount(q, me); ++j) want.push_back(vvalue<T>(q, me, j));
+    }
+    dbuf<T> ds(send.size()), dr(std::vector<T>(want.size() + 4, T(0xab)));
+    put_if(ds, send);
+    t.all_to_allv(ds.p, sc.data(), dr.p, rc.data());
+    const auto got = dr.get();
+    EXPECT_MSG(std::equal(want.begin(), want.end(), got.begin()), what + ": all_to_allv");
+    EXPECT_MSG(std::all_of(got.begin() + static_cast<std::ptrdiff_t>(want.size()), got.end(), [](T x) { return x == T(0xab); }),
+               what + ": all_to_allv wrote past its blocks");
+  }
+  {  // all_gatherv: rank 0 contributes nothing
+    auto cnt = [](int q) { return q == 0 ? std::size_t{0} : vcount(q, q) + static_cast<std::size_t>(q); };
+    std::vector<std::size_t> counts(Pz);
+    std::vector<T> send, want;
+    for (int q = 0; q < P; ++q) {
+      counts[static_cast<std::size_t>(q)] = cnt(q);
+      for (std::size_t j = 0; j < cnt(q); ++j) want.push_back(vvalue<T>(q, 0, j));
+    }
+    for (std::size_t j = 0; j < cnt(me); ++j) send.push_back(vvalue<T>(me, 0, j));
+    dbuf<T> ds(send.size()), dr(std::vector<T>(want.size() + 4, T(0xab)));
+    put_if(ds, send);
+    t.all_gatherv(ds.p, send.size(), dr.p, counts.data());
+    const auto got = dr.get();
+    EXPECT_MSG(std::equal(want.begin(), want.end(), got.begin()), what + ": all_gatherv");
+    EXPECT_MSG(std::all_of(got.begin() + static_cast<std::ptrdiff_t>(want.size()), got.end(), [](T x) { return x == T(0xab); }),
+               what + ": all_gatherv wrote past its blocks");
+  }
+}
+}  // namespace
+
+GFLOW_CUDA_TEST("nccl", oktopk_collectives_on_every_visible_device) {
+  static_assert(gflow::variable_transport<transport>);
+  auto ranks = transport::init_all(device_count());
+  run_ranks(ranks, [](transport& t) {
+    const int P = t.size(), r = t.rank();
+    // all_reduce of u64 sums (beyond 2^53: an integer sum, not a float one)
+    dbuf<std::uint64_t> a(std::vector<std::uint64_t>{(std::uint64_t{1} << 60) + static_cast<std::uint64_t>(r), 3});
+    t.all_reduce(a.p, 2, gflow::reduce_op::sum);
+    const auto as = a.get();
+    EXPECT(as[0] == (std::uint64_t{1} << 60) * static_cast<std::uint64_t>(P) + static_cast<std::uint64_t>(P * (P - 1) / 2));
+    EXPECT(as[1] == 3u * static_cast<std::uint64_t>(P));
+    // all_gather of u8
+    dbuf<std::uint8_t> s(std::vector<std::uint8_t>{static_cast<std::uint8_t>(r + 1), static_cast<std::uint8_t>(200 - r), 7});
+    dbuf<std::uint8_t> g(3 * static_cast<std::size_t>(P));
+    t.all_gather(s.p, g.p, 3);
+    const auto gg = g.get();
+    bool good = true;
+    for (int q = 0; q < P; ++q) {
+      const auto u = static_cast<std::size_t>(q) * 3;
+      good &= gg[u] == q + 1 && gg[u + 1] == 200 - q && gg[u + 2] == 7;
+    }
+    EXPECT_MSG(good, "all_gather u8 on rank " + std::to_string(r));
+    variable_collectives<std::uint64_t>(t);
+    variable_collectives<std::uint8_t>(t);
+    variable_collectives<float>(t);
   });
 }
 

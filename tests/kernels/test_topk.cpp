@@ -1,8 +1,9 @@
 // The host Top-k kernels (gflow/kernels/topk.hpp) against brute force: select_topk, take_selected,
 // the one-pass selection (accumulate_select_topk) against the composition it replaces, merge_topk
-// (Definition 1), restore_unselected.
+// (Definition 1), restore_unselected; OkTopK's gather_keys and add_at through host_backend.
 #include <doctest/doctest.h>
 
+#include <gflow/engines/host_backend.hpp>
 #include <gflow/kernels/topk.hpp>
 
 #include <algorithm>
@@ -466,4 +467,44 @@ TEST_CASE("mark_bits / take_marked: the sorted union of P index lists, the bitma
       CHECK(std::all_of(summary.begin(), summary.end(), [](std::uint64_t w) { return w == 0; }));
     }
   }
+}
+
+// ---- OkTopK's per-entry helpers, through host_backend as the engine calls them ------------------
+
+TEST_CASE_TEMPLATE("host_backend gather_keys: the magnitude key of v[idx[j]], any index order, repeats, -0, NaN payloads", I, std::uint32_t,
+                   std::uint64_t) {
+  int any = 0;
+  detail::host_backend::context k(any);
+  const std::vector<float> v = {1.0f, -2.0f, -0.0f, std::bit_cast<float>(0xffc00001u), -std::numeric_limits<float>::infinity(),
+                                std::bit_cast<float>(0x80000001u), 0.0f, 3.5f};
+  const std::vector<I> idx = {7, 0, 3, 1, 2, 4, 5, 6, 0, 7};
+  std::vector<std::uint32_t> keys(idx.size() + 2, 0xa5a5a5a5u);
+  k.gather_keys(v.data(), idx.data(), idx.size(), keys.data());
+  const std::vector<std::uint32_t> want = {0x40600000u, 0x3f800000u, 0x7fc00001u, 0x40000000u, 0u, 0x7f800000u, 1u, 0u, 0x3f800000u, 0x40600000u,
+                                           0xa5a5a5a5u, 0xa5a5a5a5u};
+  CHECK(keys == want);
+  k.gather_keys(v.data(), idx.data(), 0, keys.data());  // nothing
+  CHECK(keys == want);
+}
+
+TEST_CASE_TEMPLATE("host_backend add_at: dst[idx[j]] += v[j] rounded to nearest, only at idx, subnormals and non-finite kept", I, std::uint32_t,
+                   std::uint64_t) {
+  int any = 0;
+  detail::host_backend::context k(any);
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> dst = {1.0f, 1.0f, std::bit_cast<float>(1u), 3.0f, inf, 7.0f, -5.0f, 2.0f};
+  const std::vector<I> idx = {6, 0, 1, 2, 4};
+  const std::vector<float> v = {5.0f, std::ldexp(1.0f, -24), std::ldexp(3.0f, -25), std::bit_cast<float>(1u), -inf};
+  k.add_at(dst.data(), idx.data(), v.data(), idx.size());
+  CHECK(bits(dst[0]) == 0x3f800000u);  // 1 + 2^-24: the tie goes to even
+  CHECK(bits(dst[1]) == 0x3f800001u);  // 1 + 1.5 * 2^-24: rounds up
+  CHECK(bits(dst[2]) == 2u);           // subnormal + subnormal, not flushed
+  CHECK(bits(dst[3]) == bits(3.0f));   // not indexed
+  CHECK(std::isnan(dst[4]));           // inf - inf
+  CHECK(bits(dst[5]) == bits(7.0f));
+  CHECK(bits(dst[6]) == bits(0.0f));   // -5 + 5 = +0
+  CHECK(bits(dst[7]) == bits(2.0f));
+  const std::vector<float> before = dst;
+  k.add_at(dst.data(), idx.data(), v.data(), 0);  // nothing
+  CHECK(same_bits(dst, before));
 }

@@ -19,6 +19,9 @@
 //   what reaches the host: each message's verdict (unpack_checked) and each merge's two counts
 //   (merge_topk), one stream synchronisation each, because the engine's host logic decides from
 //   them (merge or forward a fault, what the next message holds, whether to throw)
+//   OkTopK's kernels (cuda/oktopk.cuh), the twins of host_backend's: accumulate_gather_above
+//   (its count reaches the host: one stream synchronisation, because the engine decides from it
+//   whether the threshold held), gather_keys, add_at
 //   download(host_dst, src, n)     device -> host on the stream, then waits for the stream
 //   upload(dst, host_src, n)       host -> device on the stream, then waits for the stream
 // The contract is gflow::detail::backend (engines/concepts.hpp), asserted below.
@@ -49,6 +52,7 @@
 #include "cast.cuh"
 #include "check.cuh"
 #include "memory.cuh"
+#include "oktopk.cuh"
 #include "sparse_chunks.cuh"
 #include "topk.cuh"
 #include "topk_engine.cuh"
@@ -312,6 +316,30 @@ struct device_backend {
       cuda::check_cuda(cudaMemcpyAsync(dst, src, n * sizeof(E), cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync of a top-k list");
     }
 
+    // ---- OkTopK's kernels (engines/oktopk/): cuda/oktopk.cuh, on the stream ----
+    /// kernels::accumulate_gather_above, bit for bit: res = g + res over the unit, then base + i
+    /// and the key of every key >= t, increasing, at most cap (returns cap + 1 when there were
+    /// more). The count reaches the host: one stream synchronisation. The gatherer's scratch is
+    /// allocated on the first call and again only for a larger unit (none once warm).
+    std::size_t accumulate_gather_above(const float* g, float* res, std::size_t n, std::uint32_t t, std::uint64_t base, std::uint64_t* pos,
+                                        std::uint32_t* keys, std::size_t cap) {
+      cuda::device_guard gd(device_);
+      if (!gatherer_ || gatherer_->max_n() < n) gatherer_ = std::make_unique<cuda::threshold_gatherer>(n);
+      return gatherer_->gather(g, res, n, t, base, pos, keys, cap, stream_);
+    }
+    /// keys[j] = bits(v[idx[j]]) & 0x7fffffff.
+    template <class I>
+    void gather_keys(const float* v, const I* idx, std::size_t count, std::uint32_t* keys) {
+      cuda::device_guard gd(device_);
+      cuda::gather_keys(v, idx, count, keys, stream_);
+    }
+    /// dst[idx[j]] += v[j] (indices distinct), rounded to nearest, NaN bits as the host's.
+    template <class I>
+    void add_at(float* dst, const I* idx, const float* v, std::size_t count) {
+      cuda::device_guard gd(device_);
+      cuda::add_at(dst, idx, v, count, stream_);
+    }
+
     // ---- transfers (each one is a host synchronisation; the engines say where and why) ----
     template <class E>
     void download(E* host_dst, const E* src, std::size_t n) { copy_and_sync(host_dst, src, n * sizeof(E), cudaMemcpyDeviceToHost, "cudaMemcpyAsync device to host",
@@ -369,14 +397,15 @@ struct device_backend {
     std::unique_ptr<unsigned long long, cuda_free> counter_;
     std::unique_ptr<unsigned long long, host_free> host_;
     std::unique_ptr<cuda::chunk_selector> selector_;
+    std::unique_ptr<cuda::threshold_gatherer> gatherer_;
     sparse_message::header header_{};  // the source of pack's header copy
   };
 };
 
 // Both contexts have an unconstrained template constructor from T&, so the meaningful
 // backend_for_transport check is the exchanger's, against nccl::transport.
-static_assert(backend<device_backend> && topk_backend<device_backend>,
-              "gflow::detail::device_backend must meet gflow::detail::backend and topk_backend (engines/concepts.hpp)");
+static_assert(backend<device_backend> && topk_backend<device_backend> && oktopk_backend<device_backend>,
+              "gflow::detail::device_backend must meet gflow::detail::backend, topk_backend and oktopk_backend (engines/concepts.hpp)");
 
 template <>  // the primary template: engines/concepts.hpp
 struct backend_for<device_memory> {

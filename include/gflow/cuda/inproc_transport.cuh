@@ -14,6 +14,8 @@
 // transport's collective (transport/inproc.hpp: the same matching, the same mismatch and timeout
 // errors, reductions adding ranks 0..P-1 in order in fp32 and rounding once) on host staging
 // copies, and copies the result back before returning; the i-forms complete before they return.
+// The variable collectives (all_to_all, all_to_allv, all_gatherv: gflow::variable_transport) are
+// staged the same way, with the host transport's count checks.
 // The data path therefore crosses the host: this is a test transport (the reductions are those
 // of the host in-process transport, so device exchanges can be compared bit for bit with host
 // ones), not a fast one; NCCL is the production device transport.
@@ -84,6 +86,35 @@ class transport : public transport_base<device_memory> {
     host_.barrier();
   }
 
+  // The variable collectives (gflow::variable_transport, Sparsifier<OkTopK<d>>): staged like the
+  // others; the counts are host arrays of size() entries, and a pair of ranks that disagree on a
+  // count gets the host transport's mismatch_error (nothing is copied back then).
+  /// Block q of send (n elements) to rank q; recv's block q from rank q.
+  template <wire_element T>
+  void all_to_all(const T* send, T* recv, std::size_t n) {
+    const std::size_t total = n * static_cast<std::size_t>(size());
+    auto h = down(send, total);
+    std::vector<T> r(total);
+    host_.all_to_all(h.data(), r.data(), n);
+    up(recv, r.data(), total);
+  }
+  /// Packed blocks: send_counts[q] elements to rank q, recv_counts[q] from rank q.
+  template <wire_element T>
+  void all_to_allv(const T* send, const std::size_t* send_counts, T* recv, const std::size_t* recv_counts) {
+    auto h = down(send, sum(send_counts));
+    std::vector<T> r(sum(recv_counts));
+    host_.all_to_allv(h.data(), send_counts, r.data(), recv_counts);
+    up(recv, r.data(), r.size());
+  }
+  /// recv holds counts[0] + ... + counts[P-1] elements, rank q's n = counts[q] in rank order.
+  template <wire_element T>
+  void all_gatherv(const T* send, std::size_t n, T* recv, const std::size_t* counts) {
+    auto h = down(send, n);
+    std::vector<T> r(sum(counts));
+    host_.all_gatherv(h.data(), n, r.data(), counts);
+    up(recv, r.data(), r.size());
+  }
+
   template <wire_element T> request iall_reduce(T* buf, std::size_t n, reduce_op op) { all_reduce(buf, n, op); return {}; }
   template <wire_element T> request iall_gather(const T* s, T* r, std::size_t n) { all_gather(s, r, n); return {}; }
   template <wire_element T> request ibroadcast(T* buf, std::size_t n, int root) { broadcast(buf, n, root); return {}; }
@@ -107,6 +138,11 @@ class transport : public transport_base<device_memory> {
   }
 
  private:
+  [[nodiscard]] std::size_t sum(const std::size_t* counts) const {
+    std::size_t s = 0;
+    for (int q = 0; q < size(); ++q) s += counts[q];
+    return s;
+  }
   void sync() const {
     cuda::device_guard g(device_);
     cuda::check_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize in gflow::inproc_device::transport");
@@ -143,7 +179,7 @@ class transport : public transport_base<device_memory> {
   int device_;
   std::shared_ptr<CUstream_st> stream_;
 };
-static_assert(gflow::transport<transport>);
+static_assert(gflow::transport<transport> && gflow::variable_transport<transport>);
 
 /// Runs fn(transport&) on `ranks` threads, all on CUDA device `device`, one stream each, and
 /// rethrows the first exception (lowest rank) after every thread has ended.

@@ -6,6 +6,7 @@
 //
 //   backend<B>                   memory and kernels of one memory space: host_backend forwards to
 //                                kernels::, device_backend to the CUDA twins on the transport's stream
+//   oktopk_backend<B>            and the OkTopK kernels (threshold gather, gather_keys, add_at)
 //   backend_for_transport<B, T>  its kernel context can be built over transport T
 //   topology_engine<E, T, W>     how one dense allreduce over T travels (run / start / wait)
 //   checkpointed<E>              save_state / read_state / restore_state
@@ -95,6 +96,21 @@ concept topk_backend =
       k.copy_n(u, cu, n);
       k.copy_n(h, ch, n);
     };
+
+/// The OkTopK kernels of a backend (Sparsifier<OkTopK<d>>, engines/oktopk/): the threshold
+/// selection's pass and two per-entry helpers; OkTopK's other per-entry work runs on the host.
+/// gather_keys and add_at are templates over the index type (u32, u64).
+template <class B>
+concept oktopk_backend = topk_backend<B> && requires(typename B::context& k, const float* cf, float* f, std::uint64_t* p, std::uint32_t* u,
+                                                     const std::uint32_t* cu, const std::uint64_t* cp, std::size_t n, std::uint32_t t) {
+  // res = g + res over all n, then base + i and the key of every key >= t (t >= 1), increasing,
+  // at most cap of them; returns the count, or cap + 1 when there were more (reaches the host)
+  { k.accumulate_gather_above(cf, f, n, t, n, p, u, n) } -> std::convertible_to<std::size_t>;
+  k.gather_keys(cf, cu, n, u);  // keys[j] = magnitude key (bits & 0x7fffffff) of v[idx[j]]
+  k.gather_keys(cf, cp, n, u);
+  k.add_at(f, cu, cf, n);       // dst[idx[j]] += v[j] (indices distinct; round to nearest)
+  k.add_at(f, cp, cf, n);
+};
 
 /// The backend of a memory space: backend_for<host_memory> is engines/host_backend.hpp's,
 /// backend_for<device_memory> cuda/device_backend.cuh's (present only where that header is).

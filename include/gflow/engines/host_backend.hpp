@@ -23,6 +23,8 @@
 //   top-k kernels (TopK / GTopK; kernels/topk.hpp), over the scratch topk_scratch<W>:
 //     accumulate_select_topk, take_selected_dropping, pack, unpack_checked, fill_zero, scatter_add,
 //     merge_topk, decode_scatter_counted, restore_unselected, restore_records_in, copy_n
+//   OkTopK's kernels (engines/oktopk/; kernels/topk_sampled.hpp, kernels/topk.hpp):
+//     accumulate_gather_above, gather_keys(v, idx, count, keys), add_at(dst, idx, v, count)
 //   download(host_dst, src, n) / upload(dst, host_src, n)   transfers to / from the host (here: copies)
 // The contract is gflow::detail::backend (engines/concepts.hpp), asserted below.
 #include <algorithm>
@@ -134,6 +136,12 @@ struct host_backend {
                                         std::uint32_t* keys, std::size_t cap) {
       return kernels::accumulate_gather_above(g, res, n, t, base, pos, keys, cap);
     }
+    // ---- OkTopK's kernels (engines/oktopk/): accumulate_gather_above above, and ----
+    template <class I>
+    void gather_keys(const float* v, const I* idx, std::size_t count, std::uint32_t* keys) { kernels::gather_keys(v, idx, count, keys); }
+    /// dst[idx[j]] += v[j] (indices distinct): scatter_add with a float wire.
+    template <class I>
+    void add_at(float* dst, const I* idx, const float* v, std::size_t count) { kernels::scatter_add(dst, idx, v, count); }
     /// On a unit [off, off + n) whose residual holds G: take the selection into `out` (the
     /// residual keeps what was not sent); should every selected G be inf/NaN with count < n,
     /// the unit's other inf/NaN are dropped from the residual (decided before the take).
@@ -192,6 +200,7 @@ struct host_backend {
 
 static_assert(backend<host_backend> && topk_backend<host_backend> && backend_for_transport<host_backend, transport_archetype<>>,
               "gflow::detail::host_backend must meet gflow::detail::backend (engines/concepts.hpp)");
+static_assert(oktopk_backend<host_backend>, "gflow::detail::host_backend must meet gflow::detail::oktopk_backend (engines/concepts.hpp)");
 
 template <>
 struct backend_for<host_memory> { using type = host_backend; };

@@ -26,6 +26,7 @@
 //                                              before anything is used
 //   scatter_add(dst, idx, val, count)          dst[idx] += float(val)
 //   scale_at / gather_at(dst, idx, count, ...)  dst[idx] *= s / read dst[idx] into a list (host only)
+//   gather_keys(v, idx, count, keys)           keys[j] = the magnitude key of v[idx[j]] (OkTopK)
 //   mark_bits / take_marked                    the union of P received index lists through a
 //                                              two-level bitmap of the unit: O(P k + n / 4096),
 //                                              in index order (host only)
@@ -191,6 +192,13 @@ void scale_at(float* dst, const I* idx, std::size_t count, float scale, float* o
 template <class I>
 void gather_at(const float* dst, const I* idx, std::size_t count, float* out) noexcept {
   for (std::size_t j = 0; j < count; ++j) out[j] = dst[static_cast<std::size_t>(idx[j])];
+}
+
+/// keys[j] = magnitude_key(v[idx[j]]) (OkTopK's keys of the entries it reduced; the device twin
+/// is cuda::gather_keys, cuda/oktopk.cuh).
+template <class I>
+void gather_keys(const float* v, const I* idx, std::size_t count, std::uint32_t* keys) noexcept {
+  for (std::size_t j = 0; j < count; ++j) keys[j] = magnitude_key(v[static_cast<std::size_t>(idx[j])]);
 }
 
 /// The union of index lists as a two-level bitmap of a unit: bit i of `bits` (bit i % 64 of word

@@ -51,8 +51,8 @@ namespace gflow::kernels {
 // where g[i] and res[i] are both NaN the stored NaN's payload, and with it its order among other
 // NaNs, is not pinned down; the selection is still exactly select_topk over the G these kernels
 // store. An engine never meets the case: its residual never holds NaN.
-// These kernels have no CUDA twin yet (the device engine is future work); the device selection
-// is cuda::select_topk, which equals select_topk and so these.
+// The sampled selection has no CUDA twin (the device selection is cuda::topk_selector, which
+// equals select_topk and so these); accumulate_gather_above below has one, cuda/oktopk.cuh.
 
 /// The sample of the one-pass top-k for a unit of n elements with k selected (plan_topk_sample).
 struct topk_sample_plan {
@@ -309,6 +309,7 @@ topk_result sampled_topk(const float* g, float* v, std::size_t n, std::size_t k,
 /// Returns how many were gathered, or cap + 1 when there were more (then pos / keys hold the
 /// first cap). The gathering pass (b) of accumulate_select_topk with the caller's threshold:
 /// AVX2 where the CPU has it, the scalar twin elsewhere, the same float addition either way.
+/// The device twin is cuda::threshold_gatherer (cuda/oktopk.cuh), the same bits (NaN + NaN aside).
 inline std::size_t accumulate_gather_above(const float* g, float* residual, std::size_t n, std::uint32_t t, std::uint64_t base,
                                            std::uint64_t* pos, std::uint32_t* keys, std::size_t cap) noexcept {
   assert(t >= 1);
