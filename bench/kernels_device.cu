@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <gflow/cuda/cast.cuh>
+#include <gflow/cuda/oktopk.cuh>
 #include <gflow/cuda/sparse_chunks.cuh>
 #include <gflow/cuda/topk.cuh>
 #include <gflow/cuda/topk_engine.cuh>
@@ -185,7 +186,9 @@ int main(int argc, char** argv) {
   for (double d : {0.001, 0.01}) {
     const std::size_t k = static_cast<std::size_t>(std::ceil(d * static_cast<double>(n)));
     std::uint32_t* out = dalloc<std::uint32_t>(k);
+    const auto before = selector.paths();
     const double ms = median_ms([&] { selector.select(a, n, k, 0, out, s); }, reps, s);
+    const char* path = selector.paths().candidates > before.candidates ? (selector.paths().full > before.full ? "mixed" : "candidates") : "full";
     // Check: the selection equals the host's.
     std::vector<std::uint32_t> got(k), want(k), scratch(n);
     ok(cudaMemcpy(got.data(), out, k * 4, cudaMemcpyDeviceToHost), "D2H");
@@ -194,12 +197,44 @@ int main(int argc, char** argv) {
     double tus = 0;
     for (auto& [td, t] : torch)
       if (std::fabs(td - d) < 1e-12) tus = t;
-    std::fprintf(stderr, "top-k n=%zu d=%g k=%zu: %.1f us%s%s\n", n, d, k, ms * 1e3, same ? "" : "  SELECTION DIFFERS FROM HOST",
+    std::fprintf(stderr, "top-k n=%zu d=%g k=%zu: %.1f us, %s path%s%s\n", n, d, k, ms * 1e3, path, same ? "" : "  SELECTION DIFFERS FROM HOST",
                  tus > 0 ? (" (torch.topk " + std::to_string(tus) + " us, x" + std::to_string(tus / (ms * 1e3)) + ")").c_str() : " (torch.topk: not measured)");
-    std::printf("{\"suite\":\"kernels_device\",\"device\":\"%s\",\"kernel\":\"topk\",\"n\":%zu,\"density\":%g,\"k\":%zu,\"us\":%.3f,\"equal_to_host\":%s,\"torch_us\":%s}\n",
-                prop.name, n, d, k, ms * 1e3, same ? "true" : "false", tus > 0 ? std::to_string(tus).c_str() : "null");
+    std::printf("{\"suite\":\"kernels_device\",\"device\":\"%s\",\"kernel\":\"topk\",\"n\":%zu,\"density\":%g,\"k\":%zu,\"us\":%.3f,\"path\":\"%s\",\"equal_to_host\":%s,\"torch_us\":%s}\n",
+                prop.name, n, d, k, ms * 1e3, path, same ? "true" : "false", tus > 0 ? std::to_string(tus).c_str() : "null");
     cudaFree(out);
     if (!same) return 1;
+  }
+
+  // OkTopK's threshold selection (Sparsifier<OkTopK<d>> between re-estimations): G = g + res into
+  // res, and the positions and keys of |G| >= its threshold, in index order, one call. g is all
+  // zeros so that res (and the count) stay the same over the repetitions; the threshold is the
+  // host's 2k-th largest key at d = 0.001, i.e. about capacity x k = 2k gathered.
+  {
+    const std::size_t k = static_cast<std::size_t>(std::ceil(0.001 * static_cast<double>(n)));
+    std::vector<std::uint32_t> keys(n);
+    for (std::size_t i = 0; i < n; ++i) keys[i] = gflow::kernels::magnitude_key(h[i]);
+    std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(2 * k - 1), keys.end(), std::greater<std::uint32_t>());
+    const std::uint32_t t = std::max<std::uint32_t>(keys[2 * k - 1], 1u);
+    const std::size_t cap = 4 * 2 * k;
+    std::uint64_t* pos = dalloc<std::uint64_t>(cap);
+    std::uint32_t* gk = dalloc<std::uint32_t>(cap);
+    ok(cudaMemset(c, 0, n * sizeof(float)), "memset");  // g = +0
+    ok(cudaMemcpy(b, h.data(), n * sizeof(float), cudaMemcpyHostToDevice), "H2D");  // res = the inputs (the kernels above changed b)
+    gflow::cuda::threshold_gatherer tg(n);
+    std::size_t got = 0;
+    const double ms = median_ms([&] { got = tg.gather(c, b, n, t, 0, pos, gk, cap, s); }, reps, s);
+    std::size_t want = 0;
+    for (std::size_t i = 0; i < n; ++i) want += gflow::kernels::magnitude_key(h[i]) >= t;
+    // bytes: read g and res, write res (the host's one pass), read res again where a tile gathers
+    const double bytes = 4 * f4 * n, gbs = bytes / (ms * 1e6);
+    std::fprintf(stderr, "%-44s %10.1f %10.1f %8.2f  (%zu gathered, host %zu)\n", "oktopk accumulate_gather_above (2k of 25.6M)", ms * 1e3, gbs,
+                 gbs / copy_gbs, got, want);
+    std::printf("{\"suite\":\"kernels_device\",\"device\":\"%s\",\"kernel\":\"oktopk_gather_above\",\"n\":%zu,\"us\":%.3f,\"gbs\":%.2f,\"vs_copy\":%.4f,"
+                "\"gathered\":%zu,\"equal_to_host\":%s}\n",
+                prop.name, n, ms * 1e3, gbs, gbs / copy_gbs, got, got == want ? "true" : "false");
+    cudaFree(pos);
+    cudaFree(gk);
+    if (got != want) return 1;
   }
   return 0;
 }

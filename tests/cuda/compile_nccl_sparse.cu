@@ -11,6 +11,7 @@ using topk_ex = gflow::Exchanger<gflow::Sparsifier<gflow::TopK<0.01>>, fp16>::on
 using gtopk_ex = gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.001>>, fp16>::on<T>;
 using csc_ex = gflow::Exchanger<gflow::Sparsifier<gflow::CSC<4096, 1>>, fp16>::on<T>;
 using gtopk_fused_ex = gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.001>>, fp16, gflow::Fusion<(1 << 20)>>::on<T>;
+using oktopk_ex = gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.001>>, fp16, gflow::Fusion<(1 << 20)>>::on<T>;
 // The training-loop features on device memory (no_sync, find_unused, learn_order, join): dense.
 using dense_ex = gflow::Exchanger<fp16, gflow::Fusion<(1 << 20)>, gflow::Overlap<gflow::Funneled>>::on<T>;
 }  // namespace gflow_compile
@@ -21,6 +22,7 @@ template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::topk_ex::
 template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::gtopk_ex::policies>;
 template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::csc_ex::policies>;
 template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::gtopk_fused_ex::policies>;
+template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::oktopk_ex::policies>;
 
 // The engines themselves, every member (the exchanger instantiates only what it calls).
 namespace gflow_compile {
@@ -32,6 +34,9 @@ template class gflow::detail::topk_engine<gflow_compile::ctx, 0.001, true>;
 template class gflow::detail::topk_engine<gflow_compile::ctx32, 0.001, true>;
 template class gflow::detail::csc_engine<gflow_compile::ctx, 4096, 1>;
 template class gflow::detail::csc_engine<gflow_compile::ctx32, 4096, 1>;
+template class gflow::detail::oktopk_engine<gflow_compile::ctx, 0.001>;
+template class gflow::detail::oktopk_engine<gflow_compile::ctx32, 0.01>;
+static_assert(gflow::detail::sparsifier_engine<gflow::detail::oktopk_engine<gflow_compile::ctx, 0.001>, gflow_compile::ctx>);
 static_assert(gflow::detail::sparsifier_engine<gflow::CSC<4096, 1>::engine<gflow_compile::ctx>, gflow_compile::ctx>);
 static_assert(gflow::detail::sparsifier_engine<gflow::detail::topk_engine<gflow_compile::ctx, 0.01, false>, gflow_compile::ctx>);
 static_assert(gflow::detail::backend_for_transport<gflow::detail::device_backend, gflow_compile::T>);
@@ -42,8 +47,8 @@ template void gflow::broadcast_parameters<gflow_compile::T>(gflow_compile::T&, s
 template void gflow::verify_replicas<gflow_compile::T>(gflow_compile::T&, std::span<const float>, const gflow::Layout&);
 
 // The variable-size collectives of gflow::variable_transport (issue 24: all_to_all, all_to_allv,
-// all_gatherv as grouped ncclSend / ncclRecv), every element type the OkTopK engine moves. Not run
-// on a GPU yet; Sparsifier<OkTopK<d>> itself is host memory only.
+// all_gatherv as grouped ncclSend / ncclRecv), every element type the OkTopK engine moves
+// (tests/cuda/test_nccl.cu runs them through Sparsifier<OkTopK<d>>).
 static_assert(gflow::variable_transport<gflow_compile::T>);
 template void gflow_compile::T::all_to_all<std::uint64_t>(const std::uint64_t*, std::uint64_t*, std::size_t);
 template void gflow_compile::T::all_to_allv<std::uint8_t>(const std::uint8_t*, const std::size_t*, std::uint8_t*, const std::size_t*);

@@ -1,5 +1,5 @@
 // The exchanger's device path against its host path, bit for bit (issue 12): for P = 1..4 ranks,
-// fp32 / fp16 / bf16 wires and Dense / CSC / TopK / GTopK, the same inputs go through
+// fp32 / fp16 / bf16 wires and Dense / CSC / TopK / GTopK / OkTopK (also fused), the same inputs go through
 //   - Exchanger<...>::on<gflow::inproc::transport>          (host memory, host_backend), and
 //   - Exchanger<...>::on<gflow::inproc_device::transport>   (device memory, device_backend: the
 //     CUDA kernels on each rank's stream; P ranks as threads on one GPU),
@@ -52,6 +52,13 @@ struct record {
 template <class Ex>
 void configure(Ex& ex) {
   if constexpr (requires { ex.sparsifier().set_warmup(1, 2); }) ex.sparsifier().set_warmup(1, 2);  // CSC: sparse from iteration 2
+  if constexpr (requires { ex.sparsifier().set_params(gflow::detail::oktopk_params{}); }) {
+    // OkTopK: exact selections every 3rd iteration, boundaries every 2nd, threshold selections in between
+    gflow::detail::oktopk_params p;
+    p.threshold_period = 3;
+    p.boundary_period = 2;
+    ex.sparsifier().set_params(p);
+  }
 }
 
 constexpr int iterations = 6;
@@ -120,9 +127,9 @@ bool same_bytes(const std::vector<float>& a, const std::vector<float>& b, std::s
   return true;
 }
 
-template <class Scheme, class Wire>
+template <class Scheme, class Wire, class... More>
 void compare(int P, const char* scheme, const char* wire) {
-  using policies = gflow::Exchanger<gflow::Sparsifier<Scheme>, gflow::Precision<Wire>>;
+  using policies = gflow::Exchanger<gflow::Sparsifier<Scheme>, gflow::Precision<Wire>, More...>;
   using host_ex = typename policies::template on<gflow::inproc::transport>;
   using dev_ex = typename policies::template on<gflow::inproc_device::transport>;
   std::vector<record> host(static_cast<std::size_t>(P)), dev(static_cast<std::size_t>(P));
@@ -150,11 +157,11 @@ void compare(int P, const char* scheme, const char* wire) {
   std::fflush(stdout);
 }
 
-template <class Scheme>
+template <class Scheme, class... More>
 void every_wire(int P, const char* name) {
-  compare<Scheme, gflow::wire::fp32>(P, name, "fp32");
-  compare<Scheme, gflow::wire::fp16>(P, name, "fp16");
-  compare<Scheme, gflow::wire::bf16>(P, name, "bf16");
+  compare<Scheme, gflow::wire::fp32, More...>(P, name, "fp32");
+  compare<Scheme, gflow::wire::fp16, More...>(P, name, "fp16");
+  compare<Scheme, gflow::wire::bf16, More...>(P, name, "bf16");
 }
 
 }  // namespace
@@ -165,5 +172,7 @@ GFLOW_CUDA_TEST("device", device_exchanges_equal_host_exchanges_bitwise) {
     every_wire<gflow::CSC<1024, 25>>(P, "CSC");
     every_wire<gflow::TopK<0.01>>(P, "TopK");
     every_wire<gflow::GTopK<0.01>>(P, "GTopK");
+    every_wire<gflow::OkTopK<0.01>>(P, "OkTopK");
+    every_wire<gflow::OkTopK<0.02>, gflow::Fusion<(16 << 10)>>(P, "OkTopK+F");
   }
 }

@@ -2,6 +2,7 @@
 // (init_all(ndev); one host thread per rank). With one GPU these are 1-rank exchanges: the
 // average must equal the input exactly.
 #include <gflow/cuda/exchanger.cuh>
+#include <gflow/transport/inproc.hpp>
 #include <gflow/transport/nccl.hpp>
 
 #include <algorithm>
@@ -332,3 +333,92 @@ void exchange_on_every_device(const char* label) {
 GFLOW_CUDA_TEST("nccl", exchanger_fp32_wire) { exchange_on_every_device<gflow::wire::fp32>("fp32"); }
 GFLOW_CUDA_TEST("nccl", exchanger_fp16_wire) { exchange_on_every_device<gflow::wire::fp16>("fp16"); }
 GFLOW_CUDA_TEST("nccl", exchanger_bf16_wire) { exchange_on_every_device<gflow::wire::bf16>("bf16"); }
+
+namespace {
+
+/// Rank r's gradient at pool index i in iteration it: a spread of magnitudes (clear winners and
+/// near-ties for the selections), the same function on the host and the NCCL run.
+float spread(int r, int it, std::size_t i) {
+  std::uint64_t x = (static_cast<std::uint64_t>(r) * 1000003u + static_cast<std::uint64_t>(it) * 7919u + i) * 0x9e3779b97f4a7c15ull;
+  x ^= x >> 29;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 32;
+  const float u = static_cast<float>(x & 0xffffff) / 16777216.0f - 0.5f;
+  return u * std::ldexp(1.0f, -static_cast<int>((x >> 24) % 12));
+}
+
+/// Sparsifier<OkTopK> over NCCL (device memory: the threshold selection's kernels, the staged
+/// all_to_all / all_to_allv / all_gather / all_gatherv) against the same exchanger over the host
+/// in-process transport with as many ranks: pools and residuals identical bytes, every iteration
+/// (short periods: exact and threshold selections, boundary estimates, global re-estimations).
+template <class Policies>
+void oktopk_nccl_equals_host(const char* label) {
+  using dev_ex = typename Policies::template on<transport>;
+  using host_ex = typename Policies::template on<gflow::inproc::transport>;
+  constexpr int iterations = 7;
+  const gflow::Layout layout = gflow::Layout::from_sizes({1000, 3, 70000, 17, 4096, 5, 30000});
+  gflow::detail::oktopk_params prm;
+  prm.threshold_period = 3;
+  prm.boundary_period = 2;
+  auto ranks = transport::init_all(device_count());
+  const int P = static_cast<int>(ranks.size());
+  using trace = std::vector<std::vector<float>>;  // per iteration: the pool, then the residual
+  std::vector<trace> dev(static_cast<std::size_t>(P)), host(static_cast<std::size_t>(P));
+  std::vector<std::size_t> thr_dev(static_cast<std::size_t>(P)), thr_host(static_cast<std::size_t>(P));
+  run_ranks(ranks, [&](transport& t) {
+    dev_ex ex(t, layout);
+    ex.sparsifier().set_params(prm);
+    const std::size_t n = ex.pool_size();
+    auto& out = dev[static_cast<std::size_t>(t.rank())];
+    for (int it = 0; it < iterations; ++it) {
+      std::vector<float> h(n);
+      for (std::size_t i = 0; i < n; ++i) h[i] = spread(t.rank(), it, i);
+      ok(cudaMemcpy(ex.pool_data(), h.data(), n * sizeof(float), cudaMemcpyHostToDevice), "H2D");
+      for (std::size_t b = 0; b < layout.size(); ++b) ex.ready(b);
+      (void)ex.finish();
+      thr_dev[static_cast<std::size_t>(t.rank())] += ex.sparsifier().selections() - ex.sparsifier().reestimated().local;
+      ok(cudaMemcpy(h.data(), ex.pool_data(), n * sizeof(float), cudaMemcpyDeviceToHost), "D2H of the pool");
+      out.push_back(h);
+      const auto r = ex.sparsifier().residual();
+      ok(cudaMemcpy(h.data(), r.data(), n * sizeof(float), cudaMemcpyDeviceToHost), "D2H of the residual");
+      out.push_back(h);
+    }
+  });
+  gflow::inproc::run(P, [&](gflow::inproc::transport& t) {
+    host_ex ex(t, layout);
+    ex.sparsifier().set_params(prm);
+    const std::size_t n = ex.pool_size();
+    auto& out = host[static_cast<std::size_t>(t.rank())];
+    for (int it = 0; it < iterations; ++it) {
+      for (std::size_t i = 0; i < n; ++i) ex.pool_data()[i] = spread(t.rank(), it, i);
+      for (std::size_t b = 0; b < layout.size(); ++b) ex.ready(b);
+      (void)ex.finish();
+      thr_host[static_cast<std::size_t>(t.rank())] += ex.sparsifier().selections() - ex.sparsifier().reestimated().local;
+      out.emplace_back(ex.pool_data(), ex.pool_data() + n);
+      const auto r = ex.sparsifier().residual();
+      out.emplace_back(r.begin(), r.end());
+    }
+  });
+  for (int q = 0; q < P; ++q) {
+    const auto& d = dev[static_cast<std::size_t>(q)];
+    const auto& h = host[static_cast<std::size_t>(q)];
+    EXPECT_MSG(d.size() == h.size(), std::string(label) + ": iteration counts");
+    for (std::size_t j = 0; j < d.size() && j < h.size(); ++j)
+      EXPECT_MSG(d[j].size() == h[j].size() && std::memcmp(d[j].data(), h[j].data(), d[j].size() * sizeof(float)) == 0,
+                 std::string(label) + ": rank " + std::to_string(q) + " iteration " + std::to_string(j / 2) + ": the " +
+                     (j % 2 ? "residual" : "pool") + " differs from the host run's");
+    EXPECT_MSG(thr_dev[static_cast<std::size_t>(q)] > 0 && thr_dev[static_cast<std::size_t>(q)] == thr_host[static_cast<std::size_t>(q)],
+               std::string(label) + ": threshold selections ran (device " + std::to_string(thr_dev[static_cast<std::size_t>(q)]) + ", host " +
+                   std::to_string(thr_host[static_cast<std::size_t>(q)]) + ")");
+  }
+  std::printf("  %s: %d rank(s), %d iterations compared\n", label, P, iterations);
+}
+
+}  // namespace
+
+GFLOW_CUDA_TEST("nccl", oktopk_exchanger_equals_host) {
+  oktopk_nccl_equals_host<gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.01>>>>("OkTopK fp32");
+  oktopk_nccl_equals_host<gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.01>>, gflow::Precision<gflow::wire::fp16>>>("OkTopK fp16");
+  oktopk_nccl_equals_host<gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.005>>, gflow::Fusion<(64 << 10)>, gflow::Precision<gflow::wire::bf16>>>(
+      "OkTopK fused bf16");
+}

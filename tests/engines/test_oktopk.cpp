@@ -590,9 +590,12 @@ struct counted_run {
 
 /// Heap allocations (every rank's, the transport's aside) in `counted` iterations of E on P
 /// ranks after `warm` iterations; random gradients (counts vary), periods 3 (exact local and
-/// global top-k) and 2 (boundaries), the density schedule `sched`.
+/// global top-k) and 2 (boundaries), the density schedule `sched`. reload_initial: after the
+/// warm-up, load the checkpoint saved before the first iteration (no boundaries estimated yet),
+/// so that the counted iterations estimate them again.
 template <class E>
-counted_run oktopk_allocations(int P, const Layout& l, int warm, int counted, const plan::density_schedule& sched, std::size_t index_bytes = 4) {
+counted_run oktopk_allocations(int P, const Layout& l, int warm, int counted, const plan::density_schedule& sched, std::size_t index_bytes = 4,
+                               bool reload_initial = false) {
   detail::oktopk_params prm = short_periods();
   prm.threshold_period = 3;
   prm.boundary_period = 2;
@@ -605,12 +608,19 @@ counted_run oktopk_allocations(int P, const Layout& l, int warm, int counted, co
         ex.sparsifier().set_schedule(sched);
         ex.sparsifier().set_params(prm);
         ex.sparsifier().set_index_bytes(index_bytes);
+        std::stringstream initial;
+        ex.save_state(initial);
         auto step = [&](int it) {
           for (std::size_t i = 0; i < l.total_numel(); ++i) ex.pool_data()[i] = grad(1, t.rank(), i, it) * (1.0f + static_cast<float>(i % 5));
           for (std::size_t b = 0; b < l.size(); ++b) ex.ready(b);
           (void)ex.finish();
         };
         for (int it = 0; it < warm; ++it) step(it);
+        if (reload_initial) {
+          ex.load_state(initial);
+          REQUIRE(ex.sparsifier().unit(0).bounds.empty());
+        }
+        t.barrier();  // every rank's load (which allocates) done before rank 0 starts counting
         if (t.rank() == 0) {
           gflow_test::g_allocs = 0;
           gflow_test::g_counting = true;
@@ -655,5 +665,8 @@ TEST_CASE("an OkTopK iteration allocates nothing once warm, re-estimation iterat
     check(oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>, Fusion<4096>>>(P, l, 6, 10, growing, 8));
     check(oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>, Precision<wire::fp16>>>(P, l, 6, 10, growing));
     check(oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>, Fusion<4096>, Precision<wire::bf16>>>(P, l, 6, 10, constant));
+    // a checkpoint saved before the first estimate, loaded after the warm-up: its units hold no
+    // boundaries, and estimating them must not allocate either
+    check(oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>, Fusion<4096>>>(P, l, 6, 10, constant, 4, true));
   }
 }

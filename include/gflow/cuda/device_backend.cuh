@@ -240,8 +240,9 @@ struct device_backend {
       cuda::device_guard gd(device_);
       cuda::accumulate_into_residual(g, res, n, stream_);
       if (!ws.selector || ws.selector->max_n() < n) ws.selector = std::make_unique<cuda::topk_selector>(ws.max_n > n ? ws.max_n : n);
+      const std::size_t before = ws.selector->paths().candidates;
       ws.selector->select(res, n, k, base, out, stream_);
-      return {k < n ? k : n, kernels::topk_path::full};
+      return {k < n ? k : n, ws.selector->paths().candidates > before ? kernels::topk_path::candidates : kernels::topk_path::full};
     }
     template <class I, class W, class Ws>
     void take_selected_dropping(float* res, std::size_t off, std::size_t n, const I* idx, std::size_t count, W* out, float scale, float unscale,
@@ -338,6 +339,14 @@ struct device_backend {
     void add_at(float* dst, const I* idx, const float* v, std::size_t count) {
       cuda::device_guard gd(device_);
       cuda::add_at(dst, idx, v, count, stream_);
+    }
+    /// The exact top-k of v (only read): the same selector as accumulate_select_topk; the count.
+    template <class I, class W>
+    std::size_t select_topk(const float* v, std::size_t n, std::size_t k, std::uint64_t base, I* out, device_topk_scratch<W>& ws) {
+      cuda::device_guard gd(device_);
+      if (!ws.selector || ws.selector->max_n() < n) ws.selector = std::make_unique<cuda::topk_selector>(ws.max_n > n ? ws.max_n : n);
+      ws.selector->select(v, n, k, base, out, stream_);
+      return k < n ? k : n;
     }
 
     // ---- transfers (each one is a host synchronisation; the engines say where and why) ----

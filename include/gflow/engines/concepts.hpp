@@ -98,11 +98,12 @@ concept topk_backend =
     };
 
 /// The OkTopK kernels of a backend (Sparsifier<OkTopK<d>>, engines/oktopk/): the threshold
-/// selection's pass and two per-entry helpers; OkTopK's other per-entry work runs on the host.
-/// gather_keys and add_at are templates over the index type (u32, u64).
+/// selection's pass, a plain exact top-k, and two per-entry helpers; OkTopK's other per-entry
+/// work runs on the host. select_topk, gather_keys and add_at are templates over the index type (u32, u64).
 template <class B>
-concept oktopk_backend = topk_backend<B> && requires(typename B::context& k, const float* cf, float* f, std::uint64_t* p, std::uint32_t* u,
-                                                     const std::uint32_t* cu, const std::uint64_t* cp, std::size_t n, std::uint32_t t) {
+concept oktopk_backend = topk_backend<B> && requires(typename B::context& k, typename B::template topk_scratch<half>& ws, const float* cf, float* f,
+                                                     std::uint64_t* p, std::uint32_t* u, const std::uint32_t* cu, const std::uint64_t* cp,
+                                                     std::size_t n, std::uint32_t t) {
   // res = g + res over all n, then base + i and the key of every key >= t (t >= 1), increasing,
   // at most cap of them; returns the count, or cap + 1 when there were more (reaches the host)
   { k.accumulate_gather_above(cf, f, n, t, n, p, u, n) } -> std::convertible_to<std::size_t>;
@@ -110,6 +111,7 @@ concept oktopk_backend = topk_backend<B> && requires(typename B::context& k, con
   k.gather_keys(cf, cp, n, u);
   k.add_at(f, cu, cf, n);       // dst[idx[j]] += v[j] (indices distinct; round to nearest)
   k.add_at(f, cp, cf, n);
+  { k.select_topk(cf, n, n, n, u, ws) } -> std::convertible_to<std::size_t>;  // exactly kernels::select_topk (v only read); the count
 };
 
 /// The backend of a memory space: backend_for<host_memory> is engines/host_backend.hpp's,

@@ -142,6 +142,11 @@ struct host_backend {
     /// dst[idx[j]] += v[j] (indices distinct): scatter_add with a float wire.
     template <class I>
     void add_at(float* dst, const I* idx, const float* v, std::size_t count) { kernels::scatter_add(dst, idx, v, count); }
+    /// kernels::select_topk of v (only read), with the workspace's key scratch (reserve(n, k)).
+    template <class I>
+    std::size_t select_topk(const float* v, std::size_t n, std::size_t k, std::uint64_t base, I* out, kernels::topk_workspace& ws) {
+      return kernels::select_topk(v, n, k, base, out, ws.keys.data());
+    }
     /// On a unit [off, off + n) whose residual holds G: take the selection into `out` (the
     /// residual keeps what was not sent); should every selected G be inf/NaN with count < n,
     /// the unit's other inf/NaN are dropped from the residual (decided before the take).

@@ -59,8 +59,9 @@
 // selected(), exchanged(), k(), wire_bytes() (every round), reestimated() (which iterations
 // paid for an exact selection, a boundary estimate or an exact global top-k), unit(u).
 // Buffers are reserved for the schedule's largest density: an iteration allocates nothing once
-// warm, re-estimations included. Host memory only (MPI, in-process and mock transports); the
-// device path is not written.
+// warm, re-estimations included. Host and device memory (MPI, in-process, mock and NCCL
+// transports): on device memory the passes over the pool are CUDA kernels and the per-entry steps
+// run on the host on copies of the selection (engines/oktopk/engine.hpp), with the same bits.
 #include <concepts>
 
 #include "../engines/oktopk.hpp"

@@ -6,8 +6,18 @@
 // policies/oktopk.hpp). This file holds the class, its parameters, its buffers, its checkpoint and
 // the local selection (the density, schedule and index width: topk/settings.hpp, shared with
 // TopK and GTopK); the split-and-reduce and the balance-and-allgatherv are in exchange.hpp.
-// Host memory only: the device path is not written yet (static_assert below).
+//
+// Memory spaces: one engine over the backend (engines/concepts.hpp, oktopk_backend), like TopK's.
+// The work over the pool (the accumulation and selection pass, the take, zeroing and writing the
+// result, the residual updates) runs on the backend: host_backend's kernels::, or
+// device_backend's CUDA twins on the transport's stream. The per-entry bookkeeping between them
+// (region cuts, the split, the checks, the P-way merge-reduce, the keep, the global top-k) is host
+// code for both, on host copies of the lists: on device memory the selection's indices and keys
+// and the taken values come down (about capacity x k entries), each collective's buffers go up to
+// the transport and back through a staging buffer, and the result and the rounding errors go up.
+// docs/DESIGN.md, "Device memory", lists these transfers.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -64,9 +74,13 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   using T = typename Ctx::transport_type;
   using W = typename Ctx::wire_type;
   using B = typename Ctx::backend;
-  static_assert(!B::stream_ordered,
-                "gflow::Sparsifier<OkTopK<d>> runs on host memory only (MPI, in-process, mock transports); its device path is not "
-                "written yet. On GPUs use Sparsifier<GTopK<d>> or Sparsifier<TopK<d>>.");
+  static_assert(oktopk_backend<B>,
+                "gflow::Sparsifier<OkTopK<d>>: the memory space's backend has no OkTopK kernels "
+                "(gflow::detail::oktopk_backend, include/gflow/engines/concepts.hpp).");
+  template <class E>
+  using buffer = typename B::template buffer<E>;
+  // Host memory: the backend reads the host lists themselves. Device memory: device copies.
+  static constexpr bool on_host = !B::stream_ordered;
   static_assert(variable_transport<T>,
                 "gflow::Sparsifier<OkTopK<d>> needs a transport with all_to_all, all_to_allv and all_gatherv "
                 "(gflow::variable_transport, include/gflow/transport/transport.hpp).");
@@ -91,7 +105,7 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   };
 
   explicit oktopk_engine(Ctx& cx) : settings(Density, cx.pool->total), cx_(&cx) {
-    residual_.assign(cx.pool->total, 0.0f);
+    residual_ = buffer<float>(cx.pool->total);  // zero-filled
     replan();
   }
 
@@ -111,7 +125,6 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
     } else {
       unit(cx_->pool->total);
     }
-    if (ws_.keys.size() < ncap) ws_.keys.assign(ncap, 0);  // the over-capacity fallback's and the global top-k's scratch
     const int P = cx_->transport->size();
     units_.assign(units, unit_state{});
     for (auto& us : units_) us.bounds.reserve(static_cast<std::size_t>(P) + 1);
@@ -165,7 +178,13 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   };
   void save_state(checkpoint_writer& w) const {
     write_topk_family_head(w, wide_, density_, schedule_);
-    w.array(residual_.data(), residual_.size());
+    if constexpr (on_host) {
+      w.array(residual_.data(), residual_.size());
+    } else {  // the checkpoint is written by the host: the residual comes down here
+      std::vector<float> res(residual_.size());
+      cx_->kernels->download(res.data(), residual_.data(), res.size());
+      w.array(res.data(), res.size());
+    }
     w.u64(params_.threshold_period);
     w.u64(params_.boundary_period);
     w.f64(params_.local_adapt);
@@ -180,19 +199,23 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   }
   [[nodiscard]] saved_state read_state(checkpoint_reader& r) const;  // exchange.hpp
   void restore_state(saved_state&& s) {
-    residual_ = std::move(s.residual);
+    cx_->kernels->upload(residual_.data(), s.residual.data(), s.residual.size());
     schedule_ = std::move(s.schedule);
     wide_ = s.wide;
     density_ = s.density;
     params_ = s.params;
     replan();
     units_ = std::move(s.units);
+    const std::size_t P1 = static_cast<std::size_t>(cx_->transport->size()) + 1;
+    for (auto& us : units_) us.bounds.reserve(P1);  // a unit saved before its first estimate: no allocation when it comes
     begin_iteration();
   }
 
   // ---- introspection ------------------------------------------------------------------------
-  [[nodiscard]] std::span<const float> residual() const noexcept { return residual_; }
-  /// Pool indices this rank selected this iteration (increasing).
+  /// The residual, in pool order, in the backend's memory (device memory: a device span).
+  [[nodiscard]] std::span<const float> residual() const noexcept { return {residual_.data(), residual_.size()}; }
+  /// Pool indices this rank selected this iteration (increasing). Both memory spaces: the
+  /// per-entry bookkeeping runs on the host.
   [[nodiscard]] std::span<const std::uint64_t> selected() const noexcept { return selected_; }
   /// Pool indices the applied result holds a value for (increasing; identical on every rank).
   [[nodiscard]] std::span<const std::uint64_t> exchanged() const noexcept { return exchanged_; }
@@ -204,20 +227,79 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   [[nodiscard]] reestimations reestimated() const noexcept { return reest_; }
 
  private:
-  /// The index-typed buffers of one index width.
+  /// The index-typed buffers of one index width: host lists, and (device memory only) the
+  /// device copies the pool kernels read.
   template <class I>
   struct index_lists {
     std::vector<I> sel;     // this rank's selection (room for the threshold path's candidates)
     std::vector<I> recv;    // the entries received for this rank's region, peer after peer
     std::vector<I> kept;    // this rank's reduced entries that it all-gathers
     std::vector<I> result;  // the applied entries (F), every region in rank order
+    std::vector<I> fix;     // the applied kept entries whose re-encoding rounded (their residuals get the error)
+    buffer<I> dsel, dresult, dfix;  // device memory: copies of sel, result, fix
     void reserve(std::size_t ncand, std::size_t nrecv, std::size_t nres) {
       sel.reserve(ncand);
       recv.reserve(nrecv);
       kept.reserve(nres);
       result.reserve(nres);
+      fix.reserve(nres);
+      if constexpr (!on_host) {
+        grow(dsel, ncand);
+        grow(dresult, nres);
+        grow(dfix, nres);
+      }
     }
   };
+  template <class E>
+  static void grow(buffer<E>& b, std::size_t n) {
+    if (b.size() < n) b = buffer<E>(n);
+  }
+
+  // Where the pool kernels read a host list: the list itself on host memory, its device copy
+  // (filled by to_space) on device memory.
+  template <class E>
+  static E* space(std::vector<E>& h, buffer<E>& d) noexcept {
+    if constexpr (on_host) return h.data();
+    else return d.data();
+  }
+  template <class E>
+  void to_space(buffer<E>& d, const std::vector<E>& h, std::size_t n) {
+    if constexpr (!on_host) cx_->kernels->upload(d.data(), h.data(), n);
+  }
+  template <class E>
+  void from_space(std::vector<E>& h, const buffer<E>& d, std::size_t n) {
+    if constexpr (!on_host) cx_->kernels->download(h.data(), d.data(), n);
+  }
+
+  // A collective over host lists: on host memory the transport takes them as they are; on device
+  // memory the send side goes up to stage_, the collective runs there, the receive side comes
+  // back. call(send, recv) issues it on the pointers it is given.
+  template <class E, class Call>
+  void staged(const E* send, std::size_t ns, E* recv, std::size_t nr, Call&& call) {
+    if constexpr (on_host) {
+      call(send, recv);
+    } else {
+      const std::size_t at = (ns * sizeof(E) + 255) / 256 * 256;  // the receive side, aligned
+      grow(stage_, at + nr * sizeof(E));
+      E* ds = reinterpret_cast<E*>(stage_.data());
+      E* dr = reinterpret_cast<E*>(stage_.data() + at);
+      cx_->kernels->upload(ds, send, ns);
+      call(static_cast<const E*>(ds), dr);
+      cx_->kernels->download(recv, dr, nr);
+    }
+  }
+  template <class E, class Call>
+  void staged_in_place(E* buf, std::size_t n, Call&& call) {
+    if constexpr (on_host) {
+      call(buf);
+    } else {
+      grow(stage_, n * sizeof(E));
+      E* d = reinterpret_cast<E*>(stage_.data());
+      cx_->kernels->upload(d, buf, n);
+      call(d);
+      cx_->kernels->download(buf, d, n);
+    }
+  }
 
   void begin_iteration() {
     density_ = schedule_.at(*cx_->iteration);
@@ -233,57 +315,80 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   [[nodiscard]] bool due(std::uint64_t period) const noexcept { return *cx_->iteration % period == 0; }
 
   // Local selection, one pass: G = g + residual into the residual, and the indices of |G| at or
-  // above the local threshold (at most capacity * k; kernels::accumulate_gather_above, the
-  // sampled top-k's AVX2 gathering pass). Exact top-k (accumulate_select_topk) when
-  // the period says so and on first use. When the threshold selection runs over its capacity,
-  // the exact top-k is taken among the candidates it gathered (up to 4 x capacity: every element
-  // at or above the threshold is one, so the k largest are among them), without another pass;
-  // only beyond that a full radix select of the G already stored (reestimations::second_pass).
-  // Returns the count; the indices, increasing, are in lists<I>().sel.
+  // above the local threshold (at most capacity * k; backend accumulate_gather_above, on the host
+  // the sampled top-k's AVX2 gathering pass). Exact top-k (accumulate_select_topk) when the
+  // period says so and on first use. When the threshold selection runs over its capacity, the
+  // exact top-k is taken among the candidates it gathered (up to 4 x capacity: every element at or
+  // above the threshold is one, so the k largest are among them), without another pass; only
+  // beyond that a full radix select of the G already stored (reestimations::second_pass).
+  // Returns the count; the indices, increasing, are in lists<I>().sel (host) and, on device
+  // memory, in lists<I>().dsel; their keys (|G| bits) in sel_keys_.
   template <class I>
   std::size_t select(unit_state& us, std::size_t off, std::size_t n, std::size_t k) {
-    std::vector<I>& idx = lists<I>().sel;
+    index_lists<I>& L = lists<I>();
+    std::vector<I>& idx = L.sel;
+    auto& kern = *cx_->kernels;
     const std::size_t cap = cap_for(k);
-    const std::size_t ccap = 4 * cap;  // candidates gathered before a second pass is needed
-    idx.resize(ccap);
+    const std::size_t ccap = std::min(4 * cap, n);  // candidates gathered before a second pass is needed
+    idx.resize(std::min(ccap, std::max(cap, std::min(k, n))));
     const float* g = cx_->grads + off;
     float* res = residual_.data() + off;
+    I* const dsel = space(idx, L.dsel);
     bool exact = us.local_thr < 0.0f || due(params_.threshold_period);
+    bool on_device_list = false;  // the selection's indices were written in the backend's memory (else: on the host)
     std::size_t cnt = 0;
     if (!exact) {
       const std::uint32_t tk = std::max<std::uint32_t>(kernels::magnitude_key(us.local_thr), 1u);  // zeros are never selected
       cand_pos_.resize(ccap);
       cand_keys_.resize(ccap);
-      const std::size_t c = cx_->kernels->accumulate_gather_above(g, res, n, tk, off, cand_pos_.data(), cand_keys_.data(), ccap);
+      const std::size_t c = kern.accumulate_gather_above(g, res, n, tk, off, space(cand_pos_, dcand_pos_), space(cand_keys_, dcand_keys_), ccap);
+      if (c <= ccap) {
+        from_space(cand_pos_, dcand_pos_, c);
+        from_space(cand_keys_, dcand_keys_, c);
+      }
       if (c <= cap) {
         cnt = c;
-        for (std::size_t j = 0; j < c; ++j) idx[j] = static_cast<I>(cand_pos_[j]);
+        for (std::size_t j = 0; j < c; ++j) {
+          idx[j] = static_cast<I>(cand_pos_[j]);
+          sel_keys_[j] = cand_keys_[j];
+        }
       } else if (c <= ccap) {  // the threshold is too low: the exact top-k among the candidates
-        const kernels::threshold t = kernels::radix_threshold_keys(cand_keys_.data(), c, k, ws_.keys.data());
+        const kernels::threshold t = kernels::radix_threshold_keys(cand_keys_.data(), c, k, hkeys_.data());
         std::size_t take = t.take, m = 0;
         for (std::size_t j = 0; j < c; ++j) {
           const std::uint32_t key = cand_keys_[j];
           if (key > t.key || (key == t.key && take > 0)) {
             if (key == t.key) --take;
+            sel_keys_[m] = key;
             idx[m++] = static_cast<I>(cand_pos_[j]);
           }
         }
         cnt = m;
         exact = true;
       } else {  // far too low (over 4 x capacity): exact top-k of the G already in the residual
-        cnt = kernels::select_topk(res, n, k, off, idx.data(), ws_.keys.data());
+        cnt = kern.select_topk(res, n, k, off, dsel, ws_);
+        on_device_list = true;
         ++reest_.second_pass;
         exact = true;
       }
     } else {
-      cnt = cx_->kernels->accumulate_select_topk(g, res, n, k, off, idx.data(), ws_).count;
+      cnt = kern.accumulate_select_topk(g, res, n, k, off, dsel, ws_).count;
+      on_device_list = true;
+    }
+    if (on_device_list) {  // the keys of what the backend selected (G is in the residual until the take)
+      kern.gather_keys(residual_.data(), dsel, cnt, space(sel_keys_, dsel_keys_));
+      from_space(idx, L.dsel, cnt);
+      from_space(sel_keys_, dsel_keys_, cnt);
+    } else {
+      to_space(L.dsel, idx, cnt);
     }
     if (exact) {
       ++reest_.local;
       // The new threshold: the smallest |G| selected (finite and > 0; else estimate again next time).
-      float t = std::numeric_limits<float>::infinity();
-      for (std::size_t j = 0; j < cnt; ++j) t = std::min(t, std::fabs(residual_[static_cast<std::size_t>(idx[j])]));
-      us.local_thr = (cnt > 0 && std::isfinite(t) && t > 0.0f) ? t : -1.0f;
+      std::uint32_t t = kernels::magnitude_key(std::numeric_limits<float>::infinity());
+      for (std::size_t j = 0; j < cnt; ++j) t = std::min(t, sel_keys_[j]);  // NaN keys lie above inf's: never the minimum here
+      const float tf = std::bit_cast<float>(t);
+      us.local_thr = (cnt > 0 && std::isfinite(tf) && tf > 0.0f) ? tf : -1.0f;
     } else {  // adapt (the authors' rule): fewer than 2k/3 selected lowers it, more than 5k/4 raises it
       const auto a = static_cast<float>(params_.local_adapt);
       if (3 * cnt < 2 * k) us.local_thr /= a;
@@ -306,7 +411,8 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   // 4c candidates and c entries; a rank receives at most c entries from each peer for its region
   // (check_count), so at most P c, summed into at most min(P c, n); the result is the union of
   // every rank's selection, at most min(P c, n) entries (a corrupt peer's larger block, still
-  // checked against the region's size, grows the buffers once). Only grows.
+  // checked against the region's size, grows the buffers once). Only grows. On device memory
+  // the device copies and the staging buffer are sized here too.
   void size_buffers() {
     const double dmax = schedule_.max();
     const std::size_t P = static_cast<std::size_t>(cx_->transport->size());
@@ -334,6 +440,9 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
     }
     cand_pos_.reserve(4 * cmax);
     cand_keys_.reserve(4 * cmax);
+    if (sel_keys_.size() < 4 * cmax) sel_keys_.assign(4 * cmax, 0);
+    if (hkeys_.size() < std::max(4 * cmax, res)) hkeys_.assign(std::max(4 * cmax, res), 0);  // the candidates' and the global top-k's radix scratch
+    fix_err_.reserve(res);
     mine_val_.reserve(cmax);
     recv_val_.reserve(recv);
     red_.reserve(res);
@@ -359,6 +468,15 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
     gbytes_.assign(P, 0);
     hdrs_.assign(P, sparse_message::header{});
     heap_.reserve(P);
+    if constexpr (!on_host) {  // the device copies, and the staging buffer of the collectives
+      grow(dcand_pos_, 4 * cmax);
+      grow(dcand_keys_, 4 * cmax);
+      grow(dsel_keys_, 4 * cmax);
+      grow(dmine_, cmax);
+      grow(dresult_val_, res);
+      grow(dfix_err_, res);
+      grow(stage_, 2 * msg + 2 * (P + 1) * sparse_message::header_bytes + 1024);
+    }
   }
   void index_width_changed() { size_buffers(); }
 
@@ -377,11 +495,20 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   oktopk_params params_{};
   bool fused_ = false;
   float scale_ = 1.0f, unscale_ = 1.0f;
-  std::vector<float> residual_;
-  kernels::topk_workspace ws_;
+  buffer<float> residual_;
+  typename B::template topk_scratch<W> ws_;
   std::vector<unit_state> units_;
   std::vector<std::uint64_t> cand_pos_;   // the threshold pass's candidates (pool positions) ...
   std::vector<std::uint32_t> cand_keys_;  // ... and their keys
+  std::vector<std::uint32_t> sel_keys_;   // the selection's keys (|G| bits): the local threshold's estimate
+  std::vector<std::uint32_t> hkeys_;      // host radix scratch: the candidates' and the global top-k's
+  std::vector<float> fix_err_;            // the rounding errors added to the residual at lists<I>().fix
+  // device memory only (empty on host memory): copies of the lists above, and the collectives' staging
+  buffer<std::uint64_t> dcand_pos_;
+  buffer<std::uint32_t> dcand_keys_, dsel_keys_;
+  buffer<W> dmine_, dresult_val_;
+  buffer<float> dfix_err_;
+  buffer<std::uint8_t> stage_;
   std::vector<std::uint64_t> selected_, exchanged_;
   // per-unit scratch (host; sized by size_buffers, kept between iterations)
   index_lists<std::uint32_t> l32_;  // only the index width in use is sized

@@ -37,7 +37,10 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
   const std::size_t cnt = select<I>(us, off, n, k);
   std::vector<W>& mine = mine_val_;
   mine.resize(cnt);
-  kern.take_selected_dropping(residual_.data(), off, n, idx.data(), cnt, mine.data(), scale_, unscale_, ws_);
+  I* const sel_space = space(idx, L.dsel);  // the selection where the pool kernels read it
+  W* const mine_space = space(mine, dmine_);
+  kern.take_selected_dropping(residual_.data(), off, n, sel_space, cnt, mine_space, scale_, unscale_, ws_);
+  from_space(mine, dmine_, cnt);
   sc.lap(trace_kind::select, 0, *cx_->iteration, n * sizeof(W));
   for (std::size_t j = 0; j < cnt; ++j) selected_.push_back(static_cast<std::uint64_t>(idx[j]));
   k_total_ += k;
@@ -61,7 +64,7 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
       for (std::size_t i = 1; i < Pz; ++i)
         b[i - 1] = chunk > 0 ? static_cast<std::uint64_t>(idx[chunk * i]) - off : static_cast<std::uint64_t>(n) * i / Pz;
       if (P > 1) {
-        t.all_reduce(b.data(), b.size(), reduce_op::sum);
+        staged_in_place(b.data(), b.size(), [&](std::uint64_t* d) { t.all_reduce(d, b.size(), reduce_op::sum); });
         wire_bytes_ += 2 * b.size() * 8 * (Pz - 1) / Pz;  // a ring all_reduce sends 2 (P-1)/P of the buffer
         ++collectives_;
       }
@@ -80,7 +83,7 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
     pos[Pz] = cnt;
     for (std::size_t q = 0; q < Pz; ++q) pos[q] = static_cast<std::size_t>(std::lower_bound(idx.data(), idx.data() + cnt, static_cast<I>(lo(q))) - idx.data());
     for (std::size_t q = 0; q < Pz; ++q) sc_n_[q] = pos[q + 1] - pos[q];
-    t.all_to_all(sc_n_.data(), rc_n_.data(), 1);
+    staged(sc_n_.data(), Pz, rc_n_.data(), Pz, [&](const std::uint64_t* sd, std::uint64_t* rd) { t.all_to_all(sd, rd, 1); });
     wire_bytes_ += 8 * (Pz - 1);
     sparse_message::header mark{};  // status != 0: this rank rejected something
     sparse_message::unpack_result own{};
@@ -103,8 +106,9 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
     send_buf_.resize(stotal);
     recv_buf_.resize(rtotal);
     for (std::size_t q = 0, at = 0; q < Pz; at += sbytes_[q], ++q)
-      kern.pack(send_buf_.data() + at, sc_n_[q], idx.data() + pos[q], mine.data() + pos[q], sc_n_[q]);
-    t.all_to_allv(send_buf_.data(), sbytes_.data(), recv_buf_.data(), rbytes_.data());
+      sparse_message::pack(send_buf_.data() + at, sc_n_[q], idx.data() + pos[q], mine.data() + pos[q], sc_n_[q]);
+    staged(send_buf_.data(), stotal, recv_buf_.data(), rtotal,
+           [&](const std::uint8_t* sd, std::uint8_t* rd) { t.all_to_allv(sd, sbytes_.data(), rd, rbytes_.data()); });
     collectives_ += 2;
 
     // 4. Reduce region `me`: every block checked first (peer q's entries land at
@@ -170,7 +174,8 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
     // then the kept blocks. Every rank sees the same bytes, so every rank reaches the same verdict.
     sparse_message::header hdr = mark;
     hdr.count = mark.status == 0 ? L.kept.size() : 0;
-    t.all_gather(reinterpret_cast<const std::uint8_t*>(&hdr), reinterpret_cast<std::uint8_t*>(hdrs_.data()), sizeof hdr);
+    staged(reinterpret_cast<const std::uint8_t*>(&hdr), sizeof hdr, reinterpret_cast<std::uint8_t*>(hdrs_.data()), sizeof hdr * Pz,
+           [&](const std::uint8_t* sd, std::uint8_t* rd) { t.all_gather(sd, rd, sizeof hdr); });
     wire_bytes_ += sizeof hdr * (Pz - 1);
     ++collectives_;
     for (std::size_t q = 0; q < Pz; ++q)
@@ -195,9 +200,10 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
       gentries += static_cast<std::size_t>(hdrs_[q].count);  // at most n: each count fits its region
     }
     send_buf_.resize(gbytes_[mez]);
-    kern.pack(send_buf_.data(), L.kept.size(), L.kept.data(), kept_val_.data(), L.kept.size());
+    sparse_message::pack(send_buf_.data(), L.kept.size(), L.kept.data(), kept_val_.data(), L.kept.size());
     recv_buf_.resize(gtotal);
-    t.all_gatherv(send_buf_.data(), send_buf_.size(), recv_buf_.data(), gbytes_.data());
+    staged(send_buf_.data(), send_buf_.size(), recv_buf_.data(), gtotal,
+           [&](const std::uint8_t* sd, std::uint8_t* rd) { t.all_gatherv(sd, send_buf_.size(), rd, gbytes_.data()); });
     wire_bytes_ += send_buf_.size() * (Pz - 1);
     ++collectives_;
     sc.lap(trace_kind::collective, 0, *cx_->iteration, gtotal);
@@ -225,8 +231,8 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
         v.resize(F_val.size());
         for (std::size_t j = 0; j < v.size(); ++j) v[j] = kernels::to_float(F_val[j]);
         pick_.resize(k);
-        // scratch: ws_.keys holds the largest unit's n keys, and the result has at most n entries
-        const std::size_t m = kernels::select_topk(v.data(), v.size(), k, 0, pick_.data(), ws_.keys.data());
+        // scratch: hkeys_ holds as many keys as the result can have entries (size_buffers)
+        const std::size_t m = kernels::select_topk(v.data(), v.size(), k, 0, pick_.data(), hkeys_.data());
         for (std::size_t j = 0; j < m; ++j) {
           F_idx[j] = F_idx[static_cast<std::size_t>(pick_[j])];
           F_val[j] = F_val[static_cast<std::size_t>(pick_[j])];
@@ -250,7 +256,7 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
       us.global_thr /= static_cast<float>(params_.global_adapt);
     }
   } catch (...) {
-    kernels::restore_unselected(residual_.data(), idx.data(), mine.data(), cnt, static_cast<const I*>(nullptr), 0, unscale_);
+    kern.restore_unselected(residual_.data(), sel_space, mine_space, cnt, static_cast<const I*>(nullptr), 0, unscale_);
     throw;
   }
 
@@ -262,16 +268,27 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
   kern.fill_zero(cx_->grads + off, n);
   decoded_.resize(nf);
   const float post = (!Ctx::narrow && cx_->average) ? cx_->mean_scale() : 1.0f;
-  kern.decode_scatter_counted(cx_->grads, F_idx.data(), F_val.data(), nf, post, decoded_.data());
-  kern.restore_unselected(residual_.data(), idx.data(), mine.data(), cnt, F_idx.data(), nf, unscale_);
+  to_space(L.dresult, F_idx, nf);
+  to_space(dresult_val_, F_val, nf);
+  I* const f_space = space(F_idx, L.dresult);
+  kern.decode_scatter_counted(cx_->grads, f_space, space(F_val, dresult_val_), nf, post, decoded_.data());
+  kern.restore_unselected(residual_.data(), sel_space, mine_space, cnt, f_space, nf, unscale_);
   const std::vector<I>& kept = L.kept;
+  L.fix.clear();
+  fix_err_.clear();
   for (std::size_t j = 0, p = 0; j < kept.size(); ++j) {
     while (p < nf && F_idx[p] < kept[j]) ++p;
     if (p < nf && F_idx[p] == kept[j] && kept_err_[j] != 0.0f) {
       const float e = kept_err_[j] * unscale_;
-      if (std::isfinite(e)) residual_[static_cast<std::size_t>(kept[j])] += e;
+      if (std::isfinite(e)) {
+        L.fix.push_back(kept[j]);
+        fix_err_.push_back(e);
+      }
     }
   }
+  to_space(L.dfix, L.fix, L.fix.size());
+  to_space(dfix_err_, fix_err_, fix_err_.size());
+  kern.add_at(residual_.data(), space(L.fix, L.dfix), space(fix_err_, dfix_err_), L.fix.size());
   for (std::size_t j = 0; j < nf; ++j) exchanged_.push_back(static_cast<std::uint64_t>(F_idx[j]));
 }
 

@@ -1,0 +1,145 @@
+// gflow_bench_exchange_device [--layout NAME] [--ranks P] [--iters R]: one iteration of each sparse
+// scheme on device memory (the exchanger's CUDA path), P ranks as threads on one GPU through
+// gflow::inproc_device::transport (default P = 1: no peer, so what is timed is the engine's own
+// work on the device and host: selection, take, the host steps and transfers of OkTopK, the
+// merges and verdicts of GTopK, and the pool writes). GTopK is the baseline measured in the
+// same run (Dense is not timed: this test transport copies a dense buffer through the host, which
+// NCCL does not). Gradients are copied into the pool from a device buffer before each iteration
+// (not timed); the timed region is ready() for every tensor and finish() (which synchronises).
+// Median and p10 / p90 of R iterations after 5 warm-ups, interleaved scheme by scheme within
+// each round so that a drift of the machine moves every scheme alike. One JSON object per scheme
+// on stdout, a table on stderr.
+// layering: cuda/: a device exchanger needs <gflow/cuda/exchanger.cuh> and the in-process
+// device transport.
+#include <cuda_runtime.h>
+
+#include <gflow/cuda/exchanger.cuh>
+#include <gflow/cuda/inproc_transport.cuh>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+void ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "gflow_bench_exchange_device: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+using T = gflow::inproc_device::transport;
+template <class Sparsifier>
+using ex_of = typename gflow::Exchanger<Sparsifier>::template on<T>;
+
+struct scheme {
+  std::string name;
+  std::vector<double> ms;  // rank 0's iterations
+};
+
+// One rank's exchanger of one scheme, type-erased for the round-robin below.
+struct runner {
+  virtual ~runner() = default;
+  virtual float* pool() = 0;
+  virtual std::size_t tensors() const = 0;
+  virtual void iteration() = 0;
+};
+template <class Ex>
+struct runner_of final : runner {
+  Ex ex;
+  runner_of(T& t, const gflow::Layout& l) : ex(t, l) {}
+  float* pool() override { return ex.pool_data(); }
+  std::size_t tensors() const override { return ex.layout().size(); }
+  void iteration() override {
+    for (std::size_t k = ex.layout().size(); k-- > 0;) ex.ready(k);
+    (void)ex.finish();
+  }
+};
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const double x = p * static_cast<double>(v.size() - 1);
+  const std::size_t i = static_cast<std::size_t>(x);
+  return i + 1 < v.size() ? v[i] + (x - static_cast<double>(i)) * (v[i + 1] - v[i]) : v[i];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string layout_name = "resnet50";
+  int P = 1, iters = 30;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--layout" && i + 1 < argc) layout_name = argv[++i];
+    else if (a == "--ranks" && i + 1 < argc) P = std::atoi(argv[++i]);
+    else if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: gflow_bench_exchange_device [--layout NAME] [--ranks P] [--iters R]\n");
+      return 2;
+    }
+  }
+  if (P < 1 || iters < 1) {
+    std::fprintf(stderr, "gflow_bench_exchange_device: --ranks and --iters must be >= 1\n");
+    return 2;
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "gflow_bench_exchange_device: no CUDA device\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  const std::string path = layout_name.find('/') != std::string::npos ? layout_name : std::string(GFLOW_LAYOUT_DIR) + "/" + layout_name + ".tsv";
+  const gflow::Layout layout = gflow::Layout::from_tsv(path);
+  const std::size_t n = layout.total_numel();
+
+  std::vector<scheme> schemes = {{"GTopK 0.001", {}}, {"TopK 0.001", {}}, {"OkTopK 0.001", {}}};
+  gflow::inproc_device::run(P, [&](T& t) {
+    // Each rank's gradients: a spread of magnitudes, fresh per rank, kept on the device.
+    std::vector<float> h(n);
+    std::mt19937_64 rng(17 + static_cast<unsigned>(t.rank()));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : h) x = nd(rng) * std::ldexp(1.0f, -static_cast<int>(rng() % 12));
+    float* grads = nullptr;
+    ok(cudaMalloc(&grads, n * sizeof(float)), "cudaMalloc");
+    ok(cudaMemcpy(grads, h.data(), n * sizeof(float), cudaMemcpyHostToDevice), "H2D");
+    std::vector<std::unique_ptr<runner>> rs;
+    rs.push_back(std::make_unique<runner_of<ex_of<gflow::Sparsifier<gflow::GTopK<0.001>>>>>(t, layout));
+    rs.push_back(std::make_unique<runner_of<ex_of<gflow::Sparsifier<gflow::TopK<0.001>>>>>(t, layout));
+    rs.push_back(std::make_unique<runner_of<ex_of<gflow::Sparsifier<gflow::OkTopK<0.001>>>>>(t, layout));
+    for (int it = -5; it < iters; ++it) {
+      for (std::size_t s = 0; s < rs.size(); ++s) {
+        ok(cudaMemcpyAsync(rs[s]->pool(), grads, n * sizeof(float), cudaMemcpyDeviceToDevice, t.stream()), "D2D of the gradients");
+        ok(cudaStreamSynchronize(t.stream()), "cudaStreamSynchronize");
+        t.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        rs[s]->iteration();
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (it >= 0 && t.rank() == 0) schemes[s].ms.push_back(ms);
+      }
+      if (t.rank() == 0 && (it + 1) % 10 == 0) std::fprintf(stderr, "  %d of %d rounds\n", it + 1, iters);
+    }
+    ok(cudaFree(grads), "cudaFree");
+  });
+
+  std::fprintf(stderr, "device: %s, layout %s (%zu fp32), %d rank(s) on one GPU (inproc_device), %d iterations\n", prop.name, layout_name.c_str(), n, P,
+               iters);
+  std::fprintf(stderr, "%-16s %10s %10s %10s %10s\n", "scheme", "median ms", "p10", "p90", "vs GTopK");
+  const double base = percentile(schemes[0].ms, 0.5);
+  for (const auto& s : schemes) {
+    const double med = percentile(s.ms, 0.5);
+    std::fprintf(stderr, "%-16s %10.3f %10.3f %10.3f %10.2f\n", s.name.c_str(), med, percentile(s.ms, 0.1), percentile(s.ms, 0.9), med / base);
+    std::printf("{\"suite\":\"exchange_device\",\"device\":\"%s\",\"layout\":\"%s\",\"ranks\":%d,\"scheme\":\"%s\",\"median_ms\":%.4f,\"p10_ms\":%.4f,"
+                "\"p90_ms\":%.4f,\"vs_gtopk\":%.4f}\n",
+                prop.name, layout_name.c_str(), P, s.name.c_str(), med, percentile(s.ms, 0.1), percentile(s.ms, 0.9), med / base);
+  }
+  return 0;
+}
