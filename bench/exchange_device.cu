@@ -7,8 +7,11 @@
 // NCCL does not). Gradients are copied into the pool from a device buffer before each iteration
 // (not timed); the timed region is ready() for every tensor and finish() (which synchronises).
 // Median and p10 / p90 of R iterations after 5 warm-ups, interleaved scheme by scheme within
-// each round so that a drift of the machine moves every scheme alike. One JSON object per scheme
-// on stdout, a table on stderr.
+// each round so that a drift of the machine moves every scheme alike. Each exchanger records a
+// gflow::timeline: the table splits an iteration into the selection (the engines' "select" span:
+// selection and take; OkTopK's includes its transfers to the host), the exchange ("collective":
+// GTopK's tree and broadcast, TopK's gather, OkTopK's host steps and staged collectives) and the
+// rest (applying the result, finish()). One JSON object per scheme on stdout, a table on stderr.
 // layering: cuda/: a device exchanger needs <gflow/cuda/exchanger.cuh> and the in-process
 // device transport.
 #include <cuda_runtime.h>
@@ -20,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -43,26 +47,40 @@ using ex_of = typename gflow::Exchanger<Sparsifier>::template on<T>;
 struct scheme {
   std::string name;
   std::vector<double> ms;  // rank 0's iterations
+  std::vector<double> select_ms, exchange_ms;  // rank 0's, per iteration: the timeline's select and collective spans
 };
 
 // One rank's exchanger of one scheme, type-erased for the round-robin below.
 struct runner {
   virtual ~runner() = default;
   virtual float* pool() = 0;
-  virtual std::size_t tensors() const = 0;
   virtual void iteration() = 0;
+  gflow::timeline tl{std::size_t{1} << 17};
 };
 template <class Ex>
 struct runner_of final : runner {
   Ex ex;
-  runner_of(T& t, const gflow::Layout& l) : ex(t, l) {}
+  runner_of(T& t, const gflow::Layout& l) : ex(t, l) {
+    ex.set_timeline(&tl);
+    tl.start(t);
+  }
   float* pool() override { return ex.pool_data(); }
-  std::size_t tensors() const override { return ex.layout().size(); }
   void iteration() override {
     for (std::size_t k = ex.layout().size(); k-- > 0;) ex.ready(k);
     (void)ex.finish();
   }
 };
+
+// The sum of the spans of kind k in each iteration from `first` on.
+std::vector<double> spans(const gflow::timeline& tl, gflow::trace_kind k, std::uint64_t first, std::uint64_t count) {
+  std::vector<double> out(count, 0.0);
+  for (std::size_t i = 0; i < tl.size(); ++i) {
+    const auto& e = tl[i];
+    if (e.kind == k && e.iteration >= first && e.iteration < first + count)
+      out[e.iteration - first] += static_cast<double>(e.end_ns - e.begin_ns) / 1e6;
+  }
+  return out;
+}
 
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
@@ -127,19 +145,27 @@ int main(int argc, char** argv) {
       }
       if (t.rank() == 0 && (it + 1) % 10 == 0) std::fprintf(stderr, "  %d of %d rounds\n", it + 1, iters);
     }
+    if (t.rank() == 0)
+      for (std::size_t s = 0; s < rs.size(); ++s) {
+        if (rs[s]->tl.dropped() != 0) std::fprintf(stderr, "  %s: %zu timeline events dropped\n", schemes[s].name.c_str(), rs[s]->tl.dropped());
+        schemes[s].select_ms = spans(rs[s]->tl, gflow::trace_kind::select, 5, static_cast<std::uint64_t>(iters));
+        schemes[s].exchange_ms = spans(rs[s]->tl, gflow::trace_kind::collective, 5, static_cast<std::uint64_t>(iters));
+      }
     ok(cudaFree(grads), "cudaFree");
   });
 
   std::fprintf(stderr, "device: %s, layout %s (%zu fp32), %d rank(s) on one GPU (inproc_device), %d iterations\n", prop.name, layout_name.c_str(), n, P,
                iters);
-  std::fprintf(stderr, "%-16s %10s %10s %10s %10s\n", "scheme", "median ms", "p10", "p90", "vs GTopK");
+  std::fprintf(stderr, "%-16s %10s %10s %10s %10s %10s %10s\n", "scheme", "median ms", "p10", "p90", "vs GTopK", "select", "exchange");
   const double base = percentile(schemes[0].ms, 0.5);
   for (const auto& s : schemes) {
     const double med = percentile(s.ms, 0.5);
-    std::fprintf(stderr, "%-16s %10.3f %10.3f %10.3f %10.2f\n", s.name.c_str(), med, percentile(s.ms, 0.1), percentile(s.ms, 0.9), med / base);
+    const double sel = percentile(s.select_ms, 0.5), exch = percentile(s.exchange_ms, 0.5);
+    std::fprintf(stderr, "%-16s %10.3f %10.3f %10.3f %10.2f %10.3f %10.3f\n", s.name.c_str(), med, percentile(s.ms, 0.1), percentile(s.ms, 0.9),
+                 med / base, sel, exch);
     std::printf("{\"suite\":\"exchange_device\",\"device\":\"%s\",\"layout\":\"%s\",\"ranks\":%d,\"scheme\":\"%s\",\"median_ms\":%.4f,\"p10_ms\":%.4f,"
-                "\"p90_ms\":%.4f,\"vs_gtopk\":%.4f}\n",
-                prop.name, layout_name.c_str(), P, s.name.c_str(), med, percentile(s.ms, 0.1), percentile(s.ms, 0.9), med / base);
+                "\"p90_ms\":%.4f,\"vs_gtopk\":%.4f,\"select_ms\":%.4f,\"exchange_ms\":%.4f}\n",
+                prop.name, layout_name.c_str(), P, s.name.c_str(), med, percentile(s.ms, 0.1), percentile(s.ms, 0.9), med / base, sel, exch);
   }
   return 0;
 }

@@ -322,7 +322,7 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   // above the threshold is one, so the k largest are among them), without another pass; only
   // beyond that a full radix select of the G already stored (reestimations::second_pass).
   // Returns the count; the indices, increasing, are in lists<I>().sel (host) and, on device
-  // memory, in lists<I>().dsel; their keys (|G| bits) in sel_keys_.
+  // memory, in lists<I>().dsel; on exact selections their keys (|G| bits) in sel_keys_.
   template <class I>
   std::size_t select(unit_state& us, std::size_t off, std::size_t n, std::size_t k) {
     index_lists<I>& L = lists<I>();
@@ -342,17 +342,12 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
       cand_pos_.resize(ccap);
       cand_keys_.resize(ccap);
       const std::size_t c = kern.accumulate_gather_above(g, res, n, tk, off, space(cand_pos_, dcand_pos_), space(cand_keys_, dcand_keys_), ccap);
-      if (c <= ccap) {
-        from_space(cand_pos_, dcand_pos_, c);
-        from_space(cand_keys_, dcand_keys_, c);
-      }
-      if (c <= cap) {
+      if (c <= ccap) from_space(cand_pos_, dcand_pos_, c);
+      if (c <= cap) {  // the usual case: no keys needed (the threshold adapts, it is not re-estimated)
         cnt = c;
-        for (std::size_t j = 0; j < c; ++j) {
-          idx[j] = static_cast<I>(cand_pos_[j]);
-          sel_keys_[j] = cand_keys_[j];
-        }
+        for (std::size_t j = 0; j < c; ++j) idx[j] = static_cast<I>(cand_pos_[j]);
       } else if (c <= ccap) {  // the threshold is too low: the exact top-k among the candidates
+        from_space(cand_keys_, dcand_keys_, c);
         const kernels::threshold t = kernels::radix_threshold_keys(cand_keys_.data(), c, k, hkeys_.data());
         std::size_t take = t.take, m = 0;
         for (std::size_t j = 0; j < c; ++j) {
