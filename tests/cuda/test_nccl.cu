@@ -290,7 +290,8 @@ void exchange_on_every_device(const char* label) {
           ex.ready(k, std::span<const float>(staging.p, staging.n));
         } else {
           auto v = ex.view(k);
-          ok(cudaMemcpy(v.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice), "H2D");
+          ok(cudaMemcpyAsync(v.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice, t.stream()), "H2D");
+          ok(cudaStreamSynchronize(t.stream()), "cudaStreamSynchronize after the H2D copy");
           ex.ready(k);
         }
       }
@@ -373,7 +374,8 @@ void oktopk_nccl_equals_host(const char* label) {
     for (int it = 0; it < iterations; ++it) {
       std::vector<float> h(n);
       for (std::size_t i = 0; i < n; ++i) h[i] = spread(t.rank(), it, i);
-      ok(cudaMemcpy(ex.pool_data(), h.data(), n * sizeof(float), cudaMemcpyHostToDevice), "H2D");
+      ok(cudaMemcpyAsync(ex.pool_data(), h.data(), n * sizeof(float), cudaMemcpyHostToDevice, t.stream()), "H2D");
+      ok(cudaStreamSynchronize(t.stream()), "cudaStreamSynchronize after the H2D copy");
       for (std::size_t b = 0; b < layout.size(); ++b) ex.ready(b);
       (void)ex.finish();
       thr_dev[static_cast<std::size_t>(t.rank())] += ex.sparsifier().selections() - ex.sparsifier().reestimated().local;

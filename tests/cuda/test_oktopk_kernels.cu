@@ -45,6 +45,9 @@ struct dbuf {
     ok(cudaMalloc(&q, std::max<std::size_t>(n, 1) * sizeof(T)), "cudaMalloc");
     p = static_cast<T*>(q);
     if (n) ok(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    // a pageable cudaMemcpy may return before the copy lands, and the kernels run on a
+    // non-blocking stream that does not wait for the legacy stream: wait for the device
+    ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after an H2D copy");
   }
   ~dbuf() { (void)cudaFree(p); }
   dbuf(const dbuf&) = delete;

@@ -83,6 +83,7 @@ void exchanger_equals_ring(const char* label) {
         for (std::size_t j = 0; j < h.size(); ++j) h[j] = int_value(t.rank(), j + 131 * k);
         auto v = ex.view(k);
         ok(cudaMemcpy(v.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice), "H2D");
+        ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the H2D copy");  // the exchange runs on the transport's stream
         ex.ready(k);
       }
       (void)ex.finish();

@@ -59,7 +59,12 @@ struct dbuf {
   ~dbuf() { (void)cudaFree(p); }
   dbuf(const dbuf&) = delete;
   dbuf& operator=(const dbuf&) = delete;
-  void put(const std::vector<T>& h) { ok(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D"); }
+  // cudaMemcpy from pageable memory may return before the copy has landed, and the tests' kernels
+  // run on non-blocking streams that do not wait for the legacy stream: wait for the device.
+  void put(const std::vector<T>& h) {
+    ok(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after an H2D copy");
+  }
   std::vector<T> get() const {
     std::vector<T> h(n);
     ok(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
