@@ -131,9 +131,6 @@ struct device_backend {
   using buffer = device_buffer<E>;
   template <class W>
   using topk_scratch = device_topk_scratch<W>;
-  /// The allocator of host vectors that transfers read or write (page-locked: DMA, no staging).
-  template <class E>
-  using staging_allocator = cuda::pinned_allocator<E>;
 
   class context {
    public:

@@ -51,23 +51,4 @@ class device_array {
   std::size_t n_ = 0;
 };
 
-/// Page-locked host memory (cudaMallocHost) for std::vector: the host side of transfers that must
-/// not go through the driver's pageable staging (a few hundred KB per iteration, see
-/// engines/oktopk/). Allocating is slow: reserve once, outside the iterations.
-template <class T>
-struct pinned_allocator {
-  using value_type = T;
-  pinned_allocator() = default;
-  template <class U>
-  pinned_allocator(const pinned_allocator<U>&) noexcept {}
-  T* allocate(std::size_t n) {
-    void* p = nullptr;
-    check_cuda(cudaMallocHost(&p, (n ? n : 1) * sizeof(T)), "cudaMallocHost of a pinned host staging buffer");
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, std::size_t) noexcept { (void)cudaFreeHost(p); }
-  template <class U>
-  bool operator==(const pinned_allocator<U>&) const noexcept { return true; }
-};
-
 }  // namespace gflow::cuda

@@ -23,7 +23,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -82,19 +81,6 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   using buffer = typename B::template buffer<E>;
   // Host memory: the backend reads the host lists themselves. Device memory: device copies.
   static constexpr bool on_host = !B::stream_ordered;
-  // Host lists that transfers read or write: page-locked on device memory (the backend's
-  // staging_allocator), plain vectors on host memory.
-  template <class E>
-  struct staging_alloc {
-    using type = std::allocator<E>;
-  };
-  template <class E>
-    requires requires { typename B::template staging_allocator<E>; }
-  struct staging_alloc<E> {
-    using type = typename B::template staging_allocator<E>;
-  };
-  template <class E>
-  using hvec = std::vector<E, typename staging_alloc<E>::type>;
   static_assert(variable_transport<T>,
                 "gflow::Sparsifier<OkTopK<d>> needs a transport with all_to_all, all_to_allv and all_gatherv "
                 "(gflow::variable_transport, include/gflow/transport/transport.hpp).");
@@ -245,11 +231,11 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   /// device copies the pool kernels read.
   template <class I>
   struct index_lists {
-    hvec<I> sel;            // this rank's selection (room for the threshold path's candidates)
+    std::vector<I> sel;     // this rank's selection (room for the threshold path's candidates)
     std::vector<I> recv;    // the entries received for this rank's region, peer after peer
     std::vector<I> kept;    // this rank's reduced entries that it all-gathers
-    hvec<I> result;         // the applied entries (F), every region in rank order
-    hvec<I> fix;            // the applied kept entries whose re-encoding rounded (their residuals get the error)
+    std::vector<I> result;  // the applied entries (F), every region in rank order
+    std::vector<I> fix;     // the applied kept entries whose re-encoding rounded (their residuals get the error)
     buffer<I> dsel, dresult, dfix;  // device memory: copies of sel, result, fix
     void reserve(std::size_t ncand, std::size_t nrecv, std::size_t nres) {
       sel.reserve(ncand);
@@ -271,17 +257,17 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
 
   // Where the pool kernels read a host list: the list itself on host memory, its device copy
   // (filled by to_space) on device memory.
-  template <class E, class A>
-  static E* space(std::vector<E, A>& h, buffer<E>& d) noexcept {
+  template <class E>
+  static E* space(std::vector<E>& h, buffer<E>& d) noexcept {
     if constexpr (on_host) return h.data();
     else return d.data();
   }
-  template <class E, class A>
-  void to_space(buffer<E>& d, const std::vector<E, A>& h, std::size_t n) {
+  template <class E>
+  void to_space(buffer<E>& d, const std::vector<E>& h, std::size_t n) {
     if constexpr (!on_host) cx_->kernels->upload(d.data(), h.data(), n);
   }
-  template <class E, class A>
-  void from_space(std::vector<E, A>& h, const buffer<E>& d, std::size_t n) {
+  template <class E>
+  void from_space(std::vector<E>& h, const buffer<E>& d, std::size_t n) {
     if constexpr (!on_host) cx_->kernels->download(h.data(), d.data(), n);
   }
 
@@ -340,7 +326,7 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   template <class I>
   std::size_t select(unit_state& us, std::size_t off, std::size_t n, std::size_t k) {
     index_lists<I>& L = lists<I>();
-    auto& idx = L.sel;
+    std::vector<I>& idx = L.sel;
     auto& kern = *cx_->kernels;
     const std::size_t cap = cap_for(k);
     const std::size_t ccap = std::min(4 * cap, n);  // candidates gathered before a second pass is needed
@@ -507,11 +493,11 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   buffer<float> residual_;
   typename B::template topk_scratch<W> ws_;
   std::vector<unit_state> units_;
-  hvec<std::uint64_t> cand_pos_;   // the threshold pass's candidates (pool positions) ...
-  hvec<std::uint32_t> cand_keys_;  // ... and their keys
-  hvec<std::uint32_t> sel_keys_;   // the selection's keys (|G| bits): the local threshold's estimate
+  std::vector<std::uint64_t> cand_pos_;   // the threshold pass's candidates (pool positions) ...
+  std::vector<std::uint32_t> cand_keys_;  // ... and their keys
+  std::vector<std::uint32_t> sel_keys_;   // the selection's keys (|G| bits): the local threshold's estimate
   std::vector<std::uint32_t> hkeys_;      // host radix scratch: the candidates' and the global top-k's
-  hvec<float> fix_err_;            // the rounding errors added to the residual at lists<I>().fix
+  std::vector<float> fix_err_;            // the rounding errors added to the residual at lists<I>().fix
   // device memory only (empty on host memory): copies of the lists above, and the collectives' staging
   buffer<std::uint64_t> dcand_pos_;
   buffer<std::uint32_t> dcand_keys_, dsel_keys_;
@@ -522,18 +508,17 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   // per-unit scratch (host; sized by size_buffers, kept between iterations)
   index_lists<std::uint32_t> l32_;  // only the index width in use is sized
   index_lists<std::uint64_t> l64_;
-  hvec<W> mine_val_, result_val_;               // the values of sel and result
-  std::vector<W> recv_val_, kept_val_;          // the values of recv and kept
+  std::vector<W> mine_val_, recv_val_, kept_val_, result_val_;  // the values of sel, recv, kept, result
   std::vector<float> kept_err_;  // each kept entry's rounding in the wire type
   std::vector<std::pair<std::uint64_t, float>> red_;  // the sums of this rank's region, by index
   std::vector<float> decoded_, mag_;
   std::vector<std::uint64_t> pick_;  // the exact global top-k's positions in the result
-  hvec<std::uint8_t> send_buf_, recv_buf_;
-  hvec<std::uint64_t> cuts_;  // the boundary proposals (P - 1)
+  std::vector<std::uint8_t> send_buf_, recv_buf_;
+  std::vector<std::uint64_t> cuts_;  // the boundary proposals (P - 1)
   std::vector<std::size_t> pos_, from_, at_;  // per peer: where its entries start in sel / recv (P + 1), a merge cursor (P)
-  hvec<std::uint64_t> sc_n_, rc_n_;            // per peer: entries sent / received
+  std::vector<std::uint64_t> sc_n_, rc_n_;     // per peer: entries sent / received
   std::vector<std::size_t> sbytes_, rbytes_, gbytes_;  // per peer: bytes sent / received in all_to_allv, received in all_gatherv
-  hvec<sparse_message::header> hdrs_;          // every rank's all-gathered header
+  std::vector<sparse_message::header> hdrs_;   // every rank's all-gathered header
   std::vector<std::pair<std::uint64_t, std::size_t>> heap_;  // the merge's heads: (index, peer)
   std::size_t wire_bytes_ = 0, collectives_ = 0, k_total_ = 0, selections_ = 0;
   reestimations reest_{};

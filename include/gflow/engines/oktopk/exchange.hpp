@@ -27,15 +27,15 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
   unit_state& us = units_[u];
   auto& kern = *cx_->kernels;
   index_lists<I>& L = lists<I>();
-  auto& idx = L.sel;
+  std::vector<I>& idx = L.sel;
   // Every buffer below is a member, reserved by size_buffers (engine.hpp): no allocation here.
-  auto& F_idx = L.result;
-  auto& F_val = result_val_;
+  std::vector<I>& F_idx = L.result;
+  std::vector<W>& F_val = result_val_;
 
   // 1. Local selection (one pass) and the take: the residual keeps G minus what is sent.
   detail::stage_clock sc(cx_->tracer());
   const std::size_t cnt = select<I>(us, off, n, k);
-  auto& mine = mine_val_;
+  std::vector<W>& mine = mine_val_;
   mine.resize(cnt);
   I* const sel_space = space(idx, L.dsel);  // the selection where the pool kernels read it
   W* const mine_space = space(mine, dmine_);
@@ -59,7 +59,7 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
     // rank proposes the positions that cut its own selection into P equal parts; the mean of the
     // proposals (an all_reduce of P - 1 u64) is every rank's cut.
     if (us.bounds.size() != Pz + 1 || due(params_.boundary_period)) {
-      auto& b = cuts_;
+      std::vector<std::uint64_t>& b = cuts_;
       const std::size_t chunk = cnt / Pz;
       for (std::size_t i = 1; i < Pz; ++i)
         b[i - 1] = chunk > 0 ? static_cast<std::uint64_t>(idx[chunk * i]) - off : static_cast<std::uint64_t>(n) * i / Pz;
@@ -273,7 +273,7 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
   I* const f_space = space(F_idx, L.dresult);
   kern.decode_scatter_counted(cx_->grads, f_space, space(F_val, dresult_val_), nf, post, decoded_.data());
   kern.restore_unselected(residual_.data(), sel_space, mine_space, cnt, f_space, nf, unscale_);
-  const auto& kept = L.kept;
+  const std::vector<I>& kept = L.kept;
   L.fix.clear();
   fix_err_.clear();
   for (std::size_t j = 0, p = 0; j < kept.size(); ++j) {
