@@ -12,7 +12,14 @@
 # GFLOW_GPU_PREBUILT=DIR skips step 1: DIR holds gflow_cuda_tests and gflow_bench_device built
 # elsewhere for this GPU (a machine whose image lacks {fmt} or doctest, or a short lease: the
 # build is most of the budget). Shared libraries the binaries cannot find (libnccl.so.2,
-# libcudart.so.13) are looked up in the CUDA toolkit, Python's nvidia-* packages and DIR/lib.
+# libcudart.so.13) are looked up in the CUDA toolkit, Python's nvidia-* packages and DIR/lib;
+# DIR/COMMIT, if present, names the commit they were built at (a copied tree's .git may be stale).
+# What a session with a lent GPU ran (docs/BENCHMARKS.md section 5), from the repository root:
+#   cmake --build build --target gflow_cuda_tests gflow_bench_device gflow_bench_exchange_device
+#   mkdir -p .gpu/bench .gpu/lib && cp build/tests/cuda/gflow_cuda_tests .gpu/ &&
+#   cp build/bench/gflow_bench_device build/bench/gflow_bench_exchange_device .gpu/bench/ &&
+#   cp -L /usr/local/lib/libcudart.so.13 .gpu/lib/ && git rev-parse --short HEAD > .gpu/COMMIT
+#   (there, with .gpu carried)  GFLOW_GPU_PREBUILT=$PWD/.gpu bash scripts/gpu-check.sh
 # Results go to OUT_DIR (default: $OUT when set, else results/gpu-check-<UTC time>): build.log,
 # tests.log, kernels_device.jsonl (one JSON object per kernel), kernels_device.txt (the table),
 # summary.txt. Exit status: 0 when every step passed, else 1. Budget: 8 minutes on an H100 with
@@ -46,7 +53,7 @@ if [[ "$arch" =~ ^[0-9]+$ ]]; then archs=(-DGFLOW_CUDA_ARCHITECTURES="$arch"); f
 if [[ -n "${GFLOW_GPU_PREBUILT:-}" ]]; then
   tests_bin="$GFLOW_GPU_PREBUILT/gflow_cuda_tests"
   bench_dir="$GFLOW_GPU_PREBUILT"
-  note "build: skipped, prebuilt binaries from $GFLOW_GPU_PREBUILT"
+  note "build: skipped, prebuilt binaries from $GFLOW_GPU_PREBUILT$( [[ -f "$GFLOW_GPU_PREBUILT/COMMIT" ]] && echo ", built at $(cat "$GFLOW_GPU_PREBUILT/COMMIT")")"
   # Put the directory of every library a binary cannot find on LD_LIBRARY_PATH.
   for bin in "$tests_bin" "$bench_dir/bench/gflow_bench_device"; do
     for lib in $(ldd "$bin" 2>/dev/null | awk '/not found/ {print $1}'); do
