@@ -18,8 +18,9 @@
 // the current device, and throws gflow::transport_error if a launch fails. I is std::uint32_t or
 // std::uint64_t; W is float, gflow::half or gflow::bfloat16.
 //
-// The parts: topk_select.cuh (topk_selector: the radix select, and the device helpers the other
-// kernels share), topk_merge.cuh (topk_merger); this file has the element-wise kernels and
+// The parts: topk_select.cuh (topk_selector: the radix select) over topk_radix.cuh (its kernels
+// and the device helpers the other kernels share), topk_merge.cuh (topk_merger); this file has
+// the element-wise kernels and
 // includes both. Messages are validated on the host (kernels::unpack_checked) or, on device
 // memory, by the message_checker of cuda/topk_engine.cuh.
 #include <cuda_runtime.h>

@@ -1,11 +1,12 @@
 #pragma once
 // The Ok-Topk sparsifier engine, detail::oktopk_engine<Ctx, density> (Sparsifier<OkTopK<d>>):
-// the class, its settings, checkpoint and local selection (oktopk/engine.hpp), and the exchange
-// (oktopk/exchange.hpp).
+// the class, its settings and checkpoint (oktopk/engine.hpp), the local selection and the buffers'
+// sizes (oktopk/select.hpp), and the exchange (oktopk/exchange.hpp).
 #include "archetype.hpp"
 #include "concepts.hpp"
 #include "oktopk/engine.hpp"
 #include "oktopk/exchange.hpp"
+#include "oktopk/select.hpp"
 
 namespace gflow::detail {
 

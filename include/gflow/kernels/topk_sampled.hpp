@@ -303,7 +303,7 @@ topk_result sampled_topk(const float* g, float* v, std::size_t n, std::size_t k,
 
 }  // namespace detail
 
-/// A threshold selection in one pass (OkTopK's, engines/oktopk/engine.hpp): G = g + residual into
+/// A threshold selection in one pass (OkTopK's, engines/oktopk/select.hpp): G = g + residual into
 /// residual over the whole unit (g is only read) and, in increasing order, base + i and the key
 /// of every element whose key is >= t (t >= 1: zeros are never gathered), at most cap of them.
 /// Returns how many were gathered, or cap + 1 when there were more (then pos / keys hold the
