@@ -125,7 +125,8 @@ struct device_topk_scratch {
 struct device_backend {
   // Kernels run on the transport's stream, after every collective started on it: the exchanger
   // starts a bucket's collective and enqueues the cast-back behind it without waiting;
-  // take_nonfinite() in finish() is the one host synchronisation per iteration.
+  // take_nonfinite() in finish() is Dense's one host synchronisation per iteration (the sparse
+  // engines' others are listed in docs/DESIGN.md, "Device memory").
   static constexpr bool stream_ordered = true;
   template <class E>
   using buffer = device_buffer<E>;

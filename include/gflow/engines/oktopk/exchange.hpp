@@ -199,6 +199,13 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
       gtotal += gbytes_[q];
       gentries += static_cast<std::size_t>(hdrs_[q].count);  // at most n: each count fits its region
     }
+    // size_buffers covers ranks with this rank's settings (min(n, P c) entries); a peer with others
+    // (a larger density or capacity) can announce up to n, checked above: grow once, never overrun.
+    if (hkeys_.size() < gentries) hkeys_.resize(gentries);
+    if constexpr (!on_host) {
+      grow(L.dresult, gentries);
+      grow(dresult_val_, gentries);
+    }
     send_buf_.resize(gbytes_[mez]);
     sparse_message::pack(send_buf_.data(), L.kept.size(), L.kept.data(), kept_val_.data(), L.kept.size());
     recv_buf_.resize(gtotal);
