@@ -238,7 +238,7 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
         v.resize(F_val.size());
         for (std::size_t j = 0; j < v.size(); ++j) v[j] = kernels::to_float(F_val[j]);
         pick_.resize(k);
-        // scratch: hkeys_ holds as many keys as the result can have entries (size_buffers)
+        // scratch: hkeys_ holds as many keys as the result has entries (size_buffers, grown above)
         const std::size_t m = kernels::select_topk(v.data(), v.size(), k, 0, pick_.data(), hkeys_.data());
         for (std::size_t j = 0; j < m; ++j) {
           F_idx[j] = F_idx[static_cast<std::size_t>(pick_[j])];

@@ -21,7 +21,7 @@ std::size_t oktopk_engine<Ctx, Density>::select(unit_state& us, std::size_t off,
   auto& kern = *cx_->kernels;
   const std::size_t cap = cap_for(k);
   const std::size_t ccap = std::min(4 * cap, n);  // candidates gathered before a second pass is needed
-  idx.resize(std::min(ccap, std::max(cap, std::min(k, n))));
+  idx.resize(std::min(cap, n));  // the most any path keeps (cap >= k)
   const float* g = cx_->grads + off;
   float* res = residual_.data() + off;
   I* const dsel = space(idx, L.dsel);
