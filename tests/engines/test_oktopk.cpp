@@ -9,11 +9,13 @@
 #include <gflow/transport/mock.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -85,6 +87,70 @@ void check_oktopk(int P, const Layout& l, int iters, int mode, double density, s
 }
 
 }  // namespace
+
+TEST_CASE("region reduction: the radix reduction sums each index in block order, bitwise a P-way merge by (index, block)") {
+  // The merge it replaces: a heap of the blocks' heads by (index, block); each index's entries
+  // visited in block order, the first assigned and the others added in fp32.
+  auto merged = [](const auto& idx, const auto& val, const std::vector<std::size_t>& from) {
+    std::vector<std::pair<std::uint64_t, float>> out;
+    std::vector<std::size_t> at(from.begin(), from.end() - 1);
+    for (;;) {
+      std::size_t best = at.size();
+      for (std::size_t q = 0; q < at.size(); ++q)
+        if (at[q] < from[q + 1] && (best == at.size() || idx[at[q]] < idx[at[best]])) best = q;
+      if (best == at.size()) return out;
+      const float v = kernels::to_float(val[at[best]]);
+      const auto i = static_cast<std::uint64_t>(idx[at[best]++]);
+      if (!out.empty() && out.back().first == i) out.back().second += v;
+      else out.push_back({i, v});
+    }
+  };
+  auto same = [](const auto& a, const auto& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t j = 0; j < a.size(); ++j)
+      if (a[j].first != b[j].first || std::bit_cast<std::uint32_t>(a[j].second) != std::bit_cast<std::uint32_t>(b[j].second)) return false;
+    return true;
+  };
+  std::mt19937_64 rng(2411);
+  auto run = [&]<class I, class W>(I, W, int P, std::uint64_t lo, std::uint64_t span, std::size_t per_block) {
+    std::vector<I> idx;
+    std::vector<W> val;
+    std::vector<std::size_t> from{0};
+    const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                              std::bit_cast<float>(0x7fc01234u), std::bit_cast<float>(0xffa00001u), 1e30f, -1e30f};
+    for (int q = 0; q < P; ++q) {
+      std::vector<std::uint64_t> off;
+      // a few offsets shared by every block (sums of P entries), the rest at random, the region's ends too
+      for (std::uint64_t c : {std::uint64_t{0}, span - 1, span / 2, span / 3}) off.push_back(c);
+      for (std::size_t j = 0; j < per_block; ++j) off.push_back(rng() % span);
+      std::sort(off.begin(), off.end());
+      off.erase(std::unique(off.begin(), off.end()), off.end());
+      for (std::uint64_t o : off) {
+        idx.push_back(static_cast<I>(lo + o));
+        const float v = rng() % 16 == 0 ? specials[rng() % 8] : static_cast<float>(static_cast<double>(rng() % 2000001) / 1000.0 - 1000.0);
+        val.push_back(kernels::wire_cast<W>(v));
+      }
+      from.push_back(idx.size());
+    }
+    detail::region_reduce_scratch s;
+    std::vector<std::pair<std::uint64_t, float>> out;
+    detail::reduce_by_index(idx.data(), val.data(), idx.size(), lo, lo + span, s, out);
+    CAPTURE(P);
+    CAPTURE(span);
+    CHECK(same(out, merged(idx, val, from)));
+    CHECK(std::is_sorted(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; }));
+  };
+  for (int P : {1, 2, 3, 8, 16}) {
+    run(std::uint32_t{}, float{}, P, 1000, 7, 5);                 // a tiny region: one pass, dense overlaps
+    run(std::uint32_t{}, float{}, P, 123456, 1u << 20, 3000);     // two passes
+    run(std::uint32_t{}, half{}, P, 77, (1u << 31) + 5, 3000);   // three passes, fp16 values
+    run(std::uint64_t{}, bfloat16{}, P, std::uint64_t{1} << 40, (std::uint64_t{1} << 34) + 3, 2000);  // four passes, 64-bit indices
+  }
+  detail::region_reduce_scratch s;  // nothing received: nothing summed
+  std::vector<std::pair<std::uint64_t, float>> out{{1, 1.0f}};
+  detail::reduce_by_index(static_cast<const std::uint32_t*>(nullptr), static_cast<const float*>(nullptr), 0, 0, 10, s, out);
+  CHECK(out.empty());
+}
 
 TEST_CASE("in-process: OkTopK equals the reference bitwise (results, residuals, exchanged on every rank), P = 1..8") {
   auto l = Layout::from_sizes({700, 33, 1200, 5});

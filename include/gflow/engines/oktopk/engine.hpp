@@ -12,7 +12,7 @@
 // The work over the pool (the accumulation and selection pass, the take, zeroing and writing the
 // result, the residual updates) runs on the backend: host_backend's kernels::, or
 // device_backend's CUDA twins on the transport's stream. The per-entry bookkeeping between them
-// (region cuts, the split, the checks, the P-way merge-reduce, the keep, the global top-k) is host
+// (region cuts, the split, the checks, the reduction by index, the keep, the global top-k) is host
 // code for both, on host copies of the lists: on device memory the selection's indices and keys
 // and the taken values come down (about capacity x k entries), each collective's buffers go up to
 // the transport and back through a staging buffer, and the result and the rounding errors go up.
@@ -40,6 +40,7 @@
 #include "../concepts.hpp"
 #include "../topk/settings.hpp"
 #include "../topk/state.hpp"
+#include "reduce.hpp"
 
 namespace gflow::detail {
 
@@ -386,11 +387,11 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   std::vector<std::uint64_t> pick_;  // the exact global top-k's positions in the result
   std::vector<std::uint8_t> send_buf_, recv_buf_;
   std::vector<std::uint64_t> cuts_;  // the boundary proposals (P - 1)
-  std::vector<std::size_t> pos_, from_, at_;  // per peer: where its entries start in sel / recv (P + 1), a merge cursor (P)
+  std::vector<std::size_t> pos_, from_;  // per peer: where its entries start in sel / recv (P + 1)
   std::vector<std::uint64_t> sc_n_, rc_n_;     // per peer: entries sent / received
   std::vector<std::size_t> sbytes_, rbytes_, gbytes_;  // per peer: bytes sent / received in all_to_allv, received in all_gatherv
   std::vector<sparse_message::header> hdrs_;   // every rank's all-gathered header
-  std::vector<std::pair<std::uint64_t, std::size_t>> heap_;  // the merge's heads: (index, peer)
+  region_reduce_scratch rr_;  // the region reduction's radix sort (reduce.hpp)
   std::size_t wire_bytes_ = 0, collectives_ = 0, k_total_ = 0, selections_ = 0;
   reestimations reest_{};
 };

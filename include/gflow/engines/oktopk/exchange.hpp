@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "reduce.hpp"
 
 namespace gflow::detail {
 
@@ -113,8 +114,7 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
 
     // 4. Reduce region `me`: every block checked first (peer q's entries land at
     // [from_[q], from_[q + 1]) of L.recv), then the entries of each index summed in rank order
-    // 0..P-1 (fp32), the same additions on every rank that owns this region: each block is
-    // increasing, so a P-way merge by (index, rank) visits them in that order.
+    // 0..P-1 (fp32), the same additions on every rank that owns this region (reduce.hpp).
     L.recv.resize(mark.status == 0 ? rentries : 0);
     recv_val_.resize(L.recv.size());
     from_[0] = 0;
@@ -132,29 +132,8 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
       }
       from_[q + 1] = from_[q] + c;
     }
-    red_.clear();
-    if (mark.status == 0) {
-      const auto later = [](const auto& a, const auto& b) { return a > b; };  // a min-heap of (index, peer)
-      heap_.clear();
-      for (std::size_t q = 0; q < Pz; ++q) {
-        at_[q] = from_[q];
-        if (from_[q] < from_[q + 1]) heap_.push_back({static_cast<std::uint64_t>(L.recv[from_[q]]), q});
-      }
-      std::make_heap(heap_.begin(), heap_.end(), later);
-      while (!heap_.empty()) {
-        std::pop_heap(heap_.begin(), heap_.end(), later);
-        auto& [i, q] = heap_.back();
-        const float v = kernels::to_float(recv_val_[at_[q]]);
-        if (!red_.empty() && red_.back().first == i) red_.back().second += v;
-        else red_.push_back({i, v});
-        if (++at_[q] < from_[q + 1]) {
-          i = static_cast<std::uint64_t>(L.recv[at_[q]]);
-          std::push_heap(heap_.begin(), heap_.end(), later);
-        } else {
-          heap_.pop_back();
-        }
-      }
-    }
+    if (mark.status == 0) reduce_by_index(L.recv.data(), recv_val_.data(), L.recv.size(), lo(mez), hi(mez), rr_, red_);
+    else red_.clear();
 
     // 5. Keep: every reduced entry on an exact iteration (the global top-k is taken after the
     // gather), else those with |sum| >= the global threshold. Encoded in the wire type; the

@@ -116,7 +116,7 @@ void oktopk_engine<Ctx, Density>::size_buffers() {
   fix_err_.reserve(res);
   mine_val_.reserve(cmax);
   recv_val_.reserve(recv);
-  red_.reserve(res);
+  red_.reserve(std::max(res, recv));
   kept_val_.reserve(res);
   kept_err_.reserve(res);
   result_val_.reserve(res);
@@ -131,14 +131,13 @@ void oktopk_engine<Ctx, Density>::size_buffers() {
   cuts_.assign(P > 1 ? P - 1 : 0, 0);
   pos_.assign(P + 1, 0);
   from_.assign(P + 1, 0);
-  at_.assign(P, 0);
   sc_n_.assign(P, 0);
   rc_n_.assign(P, 0);
   sbytes_.assign(P, 0);
   rbytes_.assign(P, 0);
   gbytes_.assign(P, 0);
   hdrs_.assign(P, sparse_message::header{});
-  heap_.reserve(P);
+  rr_.reserve(recv, wide_);
   if constexpr (!on_host) {  // the device copies, and the staging buffer of the collectives
     grow(dcand_pos_, 4 * cmax);
     grow(dcand_keys_, 4 * cmax);
