@@ -11,8 +11,8 @@
 // How: a stable least-significant-digit radix sort of the entries by offset in the region
 // (index - lo; 11 bits a pass, as many passes as the region's size needs: 2 up to 2^22 elements, 3
 // up to 2^33), which keeps each index's entries in block order, then one scan that sums each run.
-// An entry is sorted as one u64, offset << 32 | position, where both fit 32 bits (always with
-// 32-bit indices), else as a pair. About 9–10 ns an entry at any P (320k entries, resnet50's
+// An entry is sorted as one u64, offset << 32 | position, where both fit 32 bits (regions of up
+// to 2^32 elements and up to 2^32 entries), else as a pair. About 9–10 ns an entry at any P (320k entries, resnet50's
 // regions at d = 0.01, one core), where a heap merge took 14, 17, 21, 28 ns at P = 2, 4, 8, 16.
 // A list already increasing (one rank, or entries from one block only) is copied as it is.
 #include <algorithm>
@@ -36,7 +36,7 @@ struct region_reduce_scratch {
     std::size_t pos;
   };
   std::vector<std::uint64_t> packed[2];  // offset << 32 | position, this pass's order and the next
-  std::vector<wide_entry> wide[2];       // regions of 2^32 elements or more (64-bit indices)
+  std::vector<wide_entry> wide[2];       // regions of over 2^32 elements, or over 2^32 entries
   std::vector<std::size_t> hist;         // every pass's digit counts
   void reserve(std::size_t m, bool wide_regions) {
     for (int b = 0; b < 2; ++b) {

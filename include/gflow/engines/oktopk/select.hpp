@@ -87,9 +87,10 @@ template <class Ctx, double Density>
 void oktopk_engine<Ctx, Density>::size_buffers() {
   const double dmax = schedule_.max();
   const std::size_t P = static_cast<std::size_t>(cx_->transport->size());
-  std::size_t kmax = 0, cmax = 0, recv = 0, res = 0, sel_total = 0, res_total = 0;
+  std::size_t kmax = 0, cmax = 0, recv = 0, res = 0, sel_total = 0, res_total = 0, nmax = 0;
   auto unit = [&](std::size_t n) {
     const std::size_t k = plan::k_for(dmax, n), c = cap_for(k);
+    nmax = std::max(nmax, n);
     kmax = std::max(kmax, k);
     cmax = std::max(cmax, c);
     recv = std::max(recv, P * c);
@@ -116,7 +117,7 @@ void oktopk_engine<Ctx, Density>::size_buffers() {
   fix_err_.reserve(res);
   mine_val_.reserve(cmax);
   recv_val_.reserve(recv);
-  red_.reserve(std::max(res, recv));
+  red_.reserve(res);
   kept_val_.reserve(res);
   kept_err_.reserve(res);
   result_val_.reserve(res);
@@ -137,7 +138,8 @@ void oktopk_engine<Ctx, Density>::size_buffers() {
   rbytes_.assign(P, 0);
   gbytes_.assign(P, 0);
   hdrs_.assign(P, sparse_message::header{});
-  rr_.reserve(recv, wide_);
+  constexpr std::uint64_t packed_max = std::uint64_t{1} << 32;  // reduce.hpp's one-word entries: offsets and positions below 2^32
+  rr_.reserve(recv, nmax > packed_max || recv > packed_max);
   if constexpr (!on_host) {  // the device copies, and the staging buffer of the collectives
     grow(dcand_pos_, 4 * cmax);
     grow(dcand_keys_, 4 * cmax);
