@@ -1,8 +1,11 @@
 // bench/run model: the alpha-beta cost model (plan/cost_model.hpp) fitted on this machine,
 // checked against measured exchanges and extrapolated to larger P.
 // layering: plan/: the suite fits the cost model of plan/cost_model.hpp and plans the buckets
-// exactly as the exchanger does, to predict its exchanges.
+// exactly as the exchanger does, to predict its exchanges. engines/oktopk/reduce.hpp: OkTopK's
+// per-entry work is timed with the engine's own region reduction (detail::reduce_by_index).
 #include "sparse.hpp"
+
+#include <gflow/engines/oktopk/reduce.hpp>
 
 #include <gflow/plan/buckets.hpp>
 #include <gflow/plan/cost_model.hpp>
@@ -12,6 +15,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -28,10 +33,12 @@ namespace {
 //    Hierarchical<2>, TopK / GTopK at density 0.01 and 0.001 (communication = total minus the
 //    selection, as in the sparse suite), CSC at 1%) and reports the error;
 // 4. predicts those exchanges for P = 2 .. 1024 from the fit.
-template <class F>
-double time_median(int reps, F&& f) {
+// prepare() runs before each repetition, untimed.
+template <class F, class Prepare = void (*)()>
+double time_median(int reps, F&& f, Prepare&& prepare = [] {}) {
   std::vector<double> ts;
   for (int r = 0; r < reps + 2; ++r) {
+    prepare();
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
     f();
@@ -134,6 +141,82 @@ gflow::plan::local_costs measure_local_costs(int reps, std::size_t elements, std
                    (void)kn::merge_topk(ri2.data(), rv2.data(), r.count, ib.data(), vb.data(), kb, k, oi.data(), ov.data(), ri.data(), rv.data(), &records,
                                         kn::merge_scratch<std::uint32_t>{midx.data(), msum.data(), mkey.data()});
                  }) / static_cast<double>(ka + kb);
+  // OkTopK (engines/oktopk/exchange.hpp) on a threshold iteration, with every rank selecting about
+  // k: (a) its threshold pass (accumulate_gather_above at the k-th largest |g|) in place of the
+  // sampled selection that the measured row subtracts, plus the exact selection every
+  // threshold_period iterations; (b) per selected entry: taken out of the residual, packed into the
+  // split, checked and unpacked by its region's owner and summed by index (the blocks of P ranks,
+  // each increasing); (c) per entry of the result: checked, unpacked, decoded into the pool, and
+  // its magnitude in the global threshold's recalibration; (d) per selected entry that the result
+  // does not hold: restored into the residual.
+  int P = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  {
+    std::fill(res.begin(), res.end(), 0.0f);
+    std::uint32_t tk = kn::magnitude_key(std::numeric_limits<float>::infinity());
+    const std::size_t got = kn::select_topk_sampled(g.data(), elements, k, 0, out.data(), ws).count;
+    for (std::size_t j = 0; j < got; ++j) tk = std::min(tk, kn::magnitude_key(g[out[j]]));
+    std::vector<std::uint64_t> cpos(4 * k + 1);
+    std::vector<std::uint32_t> ckeys(4 * k + 1);
+    std::vector<float> neg(elements);
+    for (std::size_t i = 0; i < elements; ++i) neg[i] = -g[i];
+    // two passes: G = g (about k gathered), then G = g + -g = 0 exactly (none): the residual is back
+    const double gather = 0.5 * time_median(reps, [&] {
+      (void)kn::accumulate_gather_above(g.data(), res.data(), elements, std::max(tk, 1u), 0, cpos.data(), ckeys.data(), 4 * k);
+      (void)kn::accumulate_gather_above(neg.data(), res.data(), elements, std::max(tk, 1u), 0, cpos.data(), ckeys.data(), 4 * k);
+    });
+    const double period = static_cast<double>(gflow::detail::oktopk_params{}.threshold_period);
+    c.ok_select = (gather + (acc - gather) / period - sel) / n;
+    if (rank == 0) std::fprintf(stderr, "OkTopK threshold pass %.2f ms, sampled selection %.2f ms, with accumulation %.2f ms\n", gather * 1e3, sel * 1e3, acc * 1e3);
+  }
+  // the split's blocks: ia dealt round-robin to P ranks (each share increasing), one message each,
+  // in rank order, as the region's owner receives them
+  const std::size_t Pz = static_cast<std::size_t>(P);
+  std::vector<std::size_t> bcount(Pz), bat(Pz + 1, 0);
+  std::vector<std::uint32_t> bidx(ka);
+  std::vector<float> bval(ka);
+  for (std::size_t q = 0, e = 0; q < Pz; ++q) {
+    for (std::size_t j = q; j < ka; j += Pz, ++e) {
+      bidx[e] = ia[j];
+      bval[e] = va[j];
+    }
+    bcount[q] = (ka + Pz - 1 - q) / Pz;
+    bat[q + 1] = bat[q] + gflow::sparse_message::bytes(bcount[q], 4, 4);
+  }
+  std::vector<unsigned char> blocks(bat[Pz]);
+  gflow::detail::region_reduce_scratch rr;
+  rr.reserve(ka, false);
+  std::vector<std::pair<std::uint64_t, float>> red;
+  red.reserve(ka);
+  // In the engine every selection is new and a pool-sized pass comes between two of them, so the
+  // entries' scattered reads and writes miss the cache: a 64 MiB write before each repetition
+  // evicts this host's 32 MiB last-level cache (the TopK and GTopK terms above run warm).
+  std::vector<float> evict((64u << 20) / sizeof(float));
+  auto cold = [&] { std::fill(evict.begin(), evict.end(), static_cast<float>(rank)); };
+  c.ok_entry = time_median(reps, [&] {
+                 kn::take_selected(res.data(), res.data(), ia.data(), ka, rv2.data(), 1.0f, 1.0f);
+                 for (std::size_t q = 0, e = 0; q < Pz; e += bcount[q++])
+                   gflow::sparse_message::pack(blocks.data() + bat[q], bcount[q], bidx.data() + e, bval.data() + e, bcount[q]);
+                 std::size_t m = 0;
+                 for (std::size_t q = 0; q < Pz; ++q) m += kn::unpack_checked(blocks.data() + bat[q], bcount[q], 0, elements, ri2.data() + m, rv2.data() + m).count;
+                 gflow::detail::reduce_by_index(ri2.data(), rv2.data(), m, 0, elements, rr, red);
+               }, cold) / static_cast<double>(ka);
+  std::vector<float> mag(ka);
+  c.ok_result = time_median(reps, [&] {
+                  const auto r = kn::unpack_checked(msg.data(), k, 0, elements, ri2.data(), rv2.data());
+                  kn::decode_scaled(rv2.data(), r.count, 1.0f, dec.data());
+                  (void)kn::count_nonfinite(dec.data(), r.count);
+                  kn::scatter_set(pool.data(), ri2.data(), dec.data(), r.count);
+                  // the threshold set to the result's k-th largest |value| (a partial sort of its
+                  // magnitudes): on fresh gradients most threshold iterations' results overflow 4k/3,
+                  // the residuals having grown since the threshold was set
+                  for (std::size_t j = 0; j < r.count; ++j) mag[j] = std::fabs(dec[j]);
+                  std::nth_element(mag.begin(), mag.begin() + static_cast<std::ptrdiff_t>(r.count * 3 / 4), mag.begin() + static_cast<std::ptrdiff_t>(r.count),
+                                   std::greater<float>());
+                }, cold) / static_cast<double>(ka);
+  // ia restored against a result of ib (independent draws: almost every entry goes back)
+  c.ok_restore =
+      time_median(reps, [&] { kn::restore_unselected(res.data(), ia.data(), va.data(), ka, ib.data(), kb, 1.0f); }, cold) / static_cast<double>(ka);
   return c;
 }
 
@@ -228,9 +311,13 @@ int run_model_suite(const options& o, const gflow::Layout& l, const std::string&
     std::fprintf(stderr, "local work (ns): average %.3f, zero %.3f, accumulate %.3f, defer %.3f per element; entry %.2f, union mark %.2f, union emit %.2f, merge %.2f\n",
                  c.average * 1e9, c.zero * 1e9, c.accumulate * 1e9, c.defer * 1e9, c.entry * 1e9, c.union_mark * 1e9, c.union_emit * 1e9,
                  c.merge_step * 1e9);
+    std::fprintf(stderr, "OkTopK local work (ns): threshold pass beyond the sampled selection %.3f per element; per entry: split and reduced %.2f, result %.2f, restored %.2f\n",
+                 c.ok_select * 1e9, c.ok_entry * 1e9, c.ok_result * 1e9, c.ok_restore * 1e9);
     std::printf("{\"suite\":\"model\",\"row\":\"local\",\"ranks\":%d,\"elements\":%zu,\"average_s\":%.6g,\"zero_s\":%.6g,\"accumulate_s\":%.6g,"
-                "\"defer_s\":%.6g,\"entry_s\":%.6g,\"union_mark_s\":%.6g,\"union_emit_s\":%.6g,\"merge_s\":%.6g}\n",
-                P, total, c.average, c.zero, c.accumulate, c.defer, c.entry, c.union_mark, c.union_emit, c.merge_step);
+                "\"defer_s\":%.6g,\"entry_s\":%.6g,\"union_mark_s\":%.6g,\"union_emit_s\":%.6g,\"merge_s\":%.6g,\"ok_select_s\":%.6g,\"ok_entry_s\":%.6g,"
+                "\"ok_result_s\":%.6g,\"ok_restore_s\":%.6g}\n",
+                P, total, c.average, c.zero, c.accumulate, c.defer, c.entry, c.union_mark, c.union_emit, c.merge_step, c.ok_select, c.ok_entry, c.ok_result,
+                c.ok_restore);
   }
   // ---- measured exchanges of the layout -----------------------------------------------------------
   options so = o;

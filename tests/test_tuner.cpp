@@ -174,11 +174,17 @@ TEST_CASE("cost model: OkTopK's terms (issue 24): local work, and communication 
   plan::exchange_model em;
   em.comm.allreduce = em.comm.all_gather = em.comm.send_recv = em.comm.broadcast = plan::alpha_beta{0, 0};
   em.local.zero = 2e-9;
-  em.local.accumulate = 3e-9;
-  em.local.entry = 10e-9;
+  em.local.accumulate = 3e-9;  // TopK's and GTopK's: not OkTopK's
+  em.local.entry = 10e-9;      // TopK's and GTopK's received entry: not OkTopK's
+  em.local.ok_select = -1e-9;  // its threshold pass may cost less than the sampled selection the measured row subtracts
+  em.local.ok_entry = 40e-9;
+  em.local.ok_result = 10e-9;
+  em.local.ok_restore = 20e-9;
   const std::size_t n = 1000000, k = 1000;
-  // accumulation and zeros over n, about k split entries and k result entries
-  CHECK(em.oktopk(8, k, 8, n) == rel(5e-3 + 2.0 * k * 10e-9, 1e-9));
+  // the threshold pass's difference and zeros over n, k selected entries split and reduced, k
+  // result entries, and (P - 1) / P of the k selected restored
+  CHECK(em.oktopk(8, k, 8, n) == rel(1e-3 + k * 50e-9 + 7.0 / 8.0 * k * 20e-9, 1e-9));
+  CHECK(em.oktopk(1, k, 8, n) == rel(1e-3 + k * 50e-9, 1e-9));  // one rank: every selected entry is applied
   CHECK(em.comm.oktopk(1, k, 8) == 0.0);
   // Bandwidth only (alpha 0, 1 ns per byte): per rank about k (P-1)/P pairs split + the all_gatherv
   // of k/P pairs per rank, so OkTopK's time tends to a constant while TopK's grows as k (P-1).

@@ -251,6 +251,10 @@ struct local_costs {
   double union_mark = 0;  // TopK: a received entry's index marked in the union's two-level bitmap
   double union_emit = 0;  // TopK: one element of the union read out of the bitmap, in index order
   double merge_step = 0;  // GTopK: a received message validated and merged (merge_topk), per element of the 2k union
+  double ok_select = 0;   // OkTopK: its threshold pass (and 1 / threshold_period of an exact one) minus the sampled selection, per element (either sign)
+  double ok_entry = 0;    // OkTopK: a selected entry taken, packed into the split, checked, unpacked and summed by its region's owner
+  double ok_result = 0;   // OkTopK: an entry of the result checked, unpacked, decoded into the pool, and in the global threshold's recalibration
+  double ok_restore = 0;  // OkTopK: a selected entry the result does not hold, restored into the residual
 };
 
 /// Exchange time = communication (cost_model, Table I) + local work (local_costs), per scheme,
@@ -260,7 +264,8 @@ struct local_costs {
 ///           the pool, and the union (at most min(P k, n): disjoint lists) read out of it
 ///   GTopK   residual accumulation, zeros, per merge round a received message merged with the
 ///           rank's list (2k elements), and the broadcast list's k entries
-///   OkTopK  residual accumulation, zeros, about k split entries and k result entries
+///   OkTopK  its threshold pass beyond the sampled selection, zeros, k selected entries split and
+///           reduced, k result entries, and the (P - 1) / P of its selection each rank restores
 ///   CSC     the history pass over the pool (kept-back chunks; the selected fraction is
 ///           compacted and scattered instead, at about the same cost per element)
 /// The selection itself is left out of the sparse schemes, as bench/run sparse reports them
@@ -285,11 +290,15 @@ struct exchange_model {
     const double n = static_cast<double>(elements), kk = static_cast<double>(k), lg = P > 1 ? gtopk_rounds(P) : 0.0;
     return comm.gtopk(P, k, pair_bytes) + (local.accumulate + local.zero) * n + lg * 2.0 * kk * local.merge_step + kk * local.entry;
   }
-  /// OkTopK: residual accumulation and zeros as TopK, about k entries received in the split (each
-  /// validated, sorted into its index, summed) and k result entries (validated, decoded).
+  /// OkTopK on a threshold iteration: each rank selects about k entries (its threshold adapts to
+  /// that) and sends each to its region's owner, who sums about k; about k entries come back in
+  /// the result on every rank. With selections that differ between ranks (independent gradients:
+  /// the union is about P k) a rank's share of the result is about k / P of its own k, so it
+  /// restores (P - 1) / P of them.
   [[nodiscard]] double oktopk(int P, std::size_t k, std::size_t pair_bytes, std::size_t elements) const {
-    const double n = static_cast<double>(elements), kk = static_cast<double>(k);
-    return comm.oktopk(P, k, pair_bytes) + (local.accumulate + local.zero) * n + 2.0 * kk * local.entry;
+    const double n = static_cast<double>(elements), kk = static_cast<double>(k), p = std::max(P, 1);
+    return comm.oktopk(P, k, pair_bytes) + (local.ok_select + local.zero) * n + kk * (local.ok_entry + local.ok_result) +
+           (p - 1.0) / p * kk * local.ok_restore;
   }
   [[nodiscard]] double csc(int P, std::size_t elements, std::size_t chunk_elems, double fraction, std::size_t wire_bytes) const {
     return comm.csc(P, elements, chunk_elems, fraction, wire_bytes) + local.defer * static_cast<double>(elements);
