@@ -21,6 +21,8 @@
 #include <string>
 #include <cstdlib>
 #include <iterator>
+#include <limits>
+#include <tuple>
 #include <vector>
 
 #include <unistd.h>
@@ -489,6 +491,47 @@ TEST_CASE("reshard: OkTopK sets with differing parameters or invalid estimates a
   SUBCASE("other parameters: R1") {
     const auto other = saved_set<E>(P, 5, [](auto& ex) { ex.sparsifier().set_params(oktopk_test_params()); });
     check_refused<E, mismatch_error>({files[0], other[1], files[2]}, "checkpoints");
+  }
+  // Before the unit count (u64) and the unit's tail: f64 local_adapt, global_adapt, capacity.
+  // Parameters set alike on every rank but outside what set_params accepts: the re-sharder refuses
+  // the set (nothing written), naming the parameter, as the engine would refuse it on load.
+  auto rewrite_f64 = [&](std::string f, std::size_t from_end, double v) {
+    std::memcpy(f.data() + f.size() - from_end, &v, sizeof v);
+    detail::stream_hash h;
+    h.update(f.data(), f.size() - 8);
+    const std::uint64_t c = h.value();
+    for (int i = 0; i < 8; ++i) f[f.size() - 8 + std::size_t(i)] = static_cast<char>((c >> (8 * i)) & 0xffu);
+    return f;
+  };
+  const std::size_t capacity_at = tail + 8 + 8, global_adapt_at = capacity_at + 8, local_adapt_at = global_adapt_at + 8;
+  SUBCASE("parameters out of range") {
+  for (const auto& [at, v, name] : {std::tuple{capacity_at, 100.0, "capacity"}, std::tuple{global_adapt_at, 0.5, "global_adapt"},
+                                    std::tuple{local_adapt_at, std::numeric_limits<double>::quiet_NaN(), "local_adapt"}}) {
+    CAPTURE(name);
+    auto f = files;
+    for (auto& x : f) x = rewrite_f64(x, at, v);
+    streams s(f);
+    try {
+      (void)reshard_checkpoints(s.span(), 2);
+      FAIL("no error");
+    } catch (const parse_error& e) {
+      const std::string what = e.what();
+      CHECK(e.subject() == "checkpoints");  // the set; the message names the file and the parameter
+      CHECK(what.find("checkpoint 0 of the set cannot be read") != std::string::npos);
+      CHECK(what.find(std::string("parse error in '") + name + "': the checkpoint's OkTopK parameters are invalid") != std::string::npos);
+      CHECK(what.find("pass e.g.") == std::string::npos);  // set_params' fix is not a checkpoint's
+    }
+    auto g = files;  // the same bytes at their own size load as they would through the engine: refused as well
+    for (auto& x : g) x = rewrite_f64(x, at, v);
+    check_refused<E, parse_error>(g, "checkpoints", P);
+  }
+  }
+  SUBCASE("the offsets above are the parameters': the defaults read back") {
+    double v = 0;
+    std::memcpy(&v, files[0].data() + files[0].size() - capacity_at, sizeof v);
+    CHECK(v == detail::oktopk_params{}.capacity);
+    std::memcpy(&v, files[0].data() + files[0].size() - local_adapt_at, sizeof v);
+    CHECK(v == detail::oktopk_params{}.local_adapt);
   }
 }
 

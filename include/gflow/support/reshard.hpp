@@ -50,6 +50,7 @@
 
 #include "../error.hpp"
 #include "checkpoint.hpp"
+#include "oktopk_params.hpp"
 
 namespace gflow {
 
@@ -141,6 +142,7 @@ inline void read_oktopk_tail(checkpoint_reader& r, checkpoint_image& img) {
   const auto f64 = [&](std::string_view what) {
     const double v = r.f64(what);
     for (checkpoint_writer* w : {&wa, &ws, &wr}) w->f64(v);
+    return v;
   };
   const auto thr = [&](std::uint64_t u, std::string_view what) {
     const float v = r.f32(what);
@@ -149,9 +151,13 @@ inline void read_oktopk_tail(checkpoint_reader& r, checkpoint_image& img) {
     wa.f32(v);
     return v;
   };
-  for (const char* p : {"threshold_period", "boundary_period"})
-    if (u64(p) == 0) r.fail(p, fmt::format("the OkTopK {} is 0.", p));
-  for (const char* p : {"local_adapt", "global_adapt", "capacity"}) f64(p);
+  oktopk_params params;  // what the engine would refuse on load is refused here, before a set is written
+  params.threshold_period = u64("threshold_period");
+  params.boundary_period = u64("boundary_period");
+  params.local_adapt = f64("local_adapt");
+  params.global_adapt = f64("global_adapt");
+  params.capacity = f64("capacity");
+  check_saved_oktopk_params(params, r);
   const std::uint64_t units = u64("the OkTopK unit count");
   const std::uint64_t max_units = img.id.pool_elems + 1;  // a unit (bucket or pool) holds an element at least
   if (units > max_units) r.fail("units", fmt::format("the checkpoint claims {} OkTopK selection units for a pool of {} elements.", units, img.id.pool_elems));

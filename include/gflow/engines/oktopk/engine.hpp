@@ -35,6 +35,7 @@
 #include "../../plan/density.hpp"
 #include "../../support/checkpoint.hpp"
 #include "../../support/oktopk_message.hpp"
+#include "../../support/oktopk_params.hpp"
 #include "../../timeline.hpp"
 #include "../../transport/transport.hpp"
 #include "../concepts.hpp"
@@ -43,28 +44,6 @@
 #include "reduce.hpp"
 
 namespace gflow::detail {
-
-/// OkTopK's run-time parameters (Sparsifier<OkTopK<d>>::set_params); the defaults are the
-/// authors' code's (Shigangli/Ok-Topk, VGG/allreducer.py).
-struct oktopk_params {
-  std::uint64_t threshold_period = 32;  // exact local top-k and exact global top-k every this many iterations
-  std::uint64_t boundary_period = 64;   // region boundaries re-estimated every this many iterations
-  double local_adapt = 1.012;           // local threshold x / ÷ this when a selection leaves [2k/3, 5k/4]
-  double global_adapt = 1.008;          // global threshold ÷ this when the result has < 2k/3 entries (> 4k/3: set to its k-th largest)
-  double capacity = 2.0;                // a threshold selection keeps at most capacity * k entries (else exact top-k)
-};
-
-inline void check_oktopk_params(const oktopk_params& p) {
-  auto bad = [](const char* what, const std::string& why, const char* fix) { throw invalid_argument(what, why, fix); };
-  if (p.threshold_period == 0) bad("threshold_period", "the threshold re-estimation period is 0.", "pass a period >= 1 (1: exact top-k every iteration).");
-  if (p.boundary_period == 0) bad("boundary_period", "the boundary re-estimation period is 0.", "pass a period >= 1 (1: boundaries every iteration).");
-  if (!(p.local_adapt >= 1.0 && p.local_adapt <= 2.0))
-    bad("local_adapt", fmt::format("the local threshold's adaptation factor {:f} is outside [1, 2].", p.local_adapt), "pass e.g. 1.012 (1: no adaptation).");
-  if (!(p.global_adapt >= 1.0 && p.global_adapt <= 2.0))
-    bad("global_adapt", fmt::format("the global threshold's adaptation factor {:f} is outside [1, 2].", p.global_adapt), "pass e.g. 1.008 (1: no adaptation).");
-  if (!(p.capacity >= 1.0 && p.capacity <= 64.0))
-    bad("capacity", fmt::format("the selection capacity {:f} x k is outside [1, 64].", p.capacity), "pass e.g. 2 (the default).");
-}
 
 template <class Ctx, double Density>
 class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {

@@ -291,11 +291,7 @@ auto oktopk_engine<Ctx, Density>::read_state(checkpoint_reader& r) const -> save
   s.params.local_adapt = r.f64("local_adapt");
   s.params.global_adapt = r.f64("global_adapt");
   s.params.capacity = r.f64("capacity");
-  try {
-    check_oktopk_params(s.params);
-  } catch (const invalid_argument& e) {
-    r.fail(e.subject(), std::string("the checkpoint's OkTopK parameters are invalid: ") + e.what());
-  }
+  check_saved_oktopk_params(s.params, r);
   const std::uint64_t nu = r.u64("the OkTopK unit count");
   if (nu != units_.size())
     r.fail("units", fmt::format("the checkpoint holds OkTopK state for {} selection units; this exchanger has {} (same layout and fusion expected).", nu,
