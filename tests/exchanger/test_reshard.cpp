@@ -505,26 +505,39 @@ TEST_CASE("reshard: OkTopK sets with differing parameters or invalid estimates a
   };
   const std::size_t capacity_at = tail + 8 + 8, global_adapt_at = capacity_at + 8, local_adapt_at = global_adapt_at + 8;
   SUBCASE("parameters out of range") {
-  for (const auto& [at, v, name] : {std::tuple{capacity_at, 100.0, "capacity"}, std::tuple{global_adapt_at, 0.5, "global_adapt"},
-                                    std::tuple{local_adapt_at, std::numeric_limits<double>::quiet_NaN(), "local_adapt"}}) {
-    CAPTURE(name);
-    auto f = files;
-    for (auto& x : f) x = rewrite_f64(x, at, v);
-    streams s(f);
-    try {
-      (void)reshard_checkpoints(s.span(), 2);
-      FAIL("no error");
-    } catch (const parse_error& e) {
-      const std::string what = e.what();
-      CHECK(e.subject() == "checkpoints");  // the set; the message names the file and the parameter
-      CHECK(what.find("checkpoint 0 of the set cannot be read") != std::string::npos);
-      CHECK(what.find(std::string("parse error in '") + name + "': the checkpoint's OkTopK parameters are invalid") != std::string::npos);
-      CHECK(what.find("pass e.g.") == std::string::npos);  // set_params' fix is not a checkpoint's
+    for (const auto& [at, v, name] : {std::tuple{capacity_at, 100.0, "capacity"}, std::tuple{global_adapt_at, 0.5, "global_adapt"},
+                                      std::tuple{local_adapt_at, std::numeric_limits<double>::quiet_NaN(), "local_adapt"}}) {
+      CAPTURE(name);
+      auto f = files;
+      for (auto& x : f) x = rewrite_f64(x, at, v);
+      streams s(f);
+      try {
+        (void)reshard_checkpoints(s.span(), 2);
+        FAIL("no error");
+      } catch (const parse_error& e) {
+        const std::string what = e.what();
+        CHECK(e.subject() == "checkpoints");  // the set; the message names the file and the parameter
+        CHECK(what.find("checkpoint 0 of the set cannot be read") != std::string::npos);
+        CHECK(what.find(std::string("parse error in '") + name + "': the checkpoint's OkTopK parameters are invalid") != std::string::npos);
+        CHECK(what.find("pass e.g.") == std::string::npos);  // set_params' fix is not a checkpoint's
+      }
+      // the engine's own load (load_state, no re-sharding) refuses the same bytes by the same rule
+      inproc::run(P, [&](inproc::transport& t) {
+        on_inproc<E> ex(t, rs_layout());
+        std::istringstream in(f[std::size_t(t.rank())], std::ios::binary);
+        bool thrown = false;
+        try {
+          ex.load_state(in);
+        } catch (const parse_error& e) {
+          thrown = true;
+          const std::string what = e.what();
+          CHECK(e.subject() == name);
+          CHECK(what.find("the checkpoint's OkTopK parameters are invalid") != std::string::npos);
+          CHECK(what.find("pass e.g.") == std::string::npos);
+        }
+        CHECK(thrown);
+      });
     }
-    auto g = files;  // the same bytes at their own size load as they would through the engine: refused as well
-    for (auto& x : g) x = rewrite_f64(x, at, v);
-    check_refused<E, parse_error>(g, "checkpoints", P);
-  }
   }
   SUBCASE("the offsets above are the parameters': the defaults read back") {
     double v = 0;

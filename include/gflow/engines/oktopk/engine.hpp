@@ -3,10 +3,11 @@
 //
 // detail::oktopk_engine: the engine of Sparsifier<OkTopK<d>> (Ok-Topk: Li & Hoefler, PPoPP'22;
 // what it does, its residual rule, its defaults and its limits are described with the tag in
-// policies/oktopk.hpp). This file holds the class, its parameters, its buffers, its checkpoint and
+// policies/oktopk.hpp). This file holds the class, its buffers, its checkpoint and
 // the local selection (the density, schedule and index width: topk/settings.hpp, shared with
-// TopK and GTopK); the local selection and the buffers' sizes are defined in select.hpp, the
-// split-and-reduce and the balance-and-allgatherv in exchange.hpp.
+// TopK and GTopK; its parameters and their check: support/oktopk_params.hpp); the local selection
+// and the buffers' sizes are defined in select.hpp, the split-and-reduce and the
+// balance-and-allgatherv in exchange.hpp.
 //
 // Memory spaces: one engine over the backend (engines/concepts.hpp, oktopk_backend), like TopK's.
 // The work over the pool (the accumulation and selection pass, the take, zeroing and writing the
