@@ -456,7 +456,7 @@ TEST_CASE("reshard: OkTopK sets with differing parameters or invalid estimates a
   // The end of an OkTopK (unfused) checkpoint: ..., f32 local, f32 global, u64 P + 1, (P + 1) x u64
   // boundaries, u64 checksum (the hash of every byte before it).
   const std::size_t tail = 8 + 8 * (P + 1) + 8 + 4 + 4;
-  auto rewrite = [&](std::string f, std::size_t from_end, float v) {
+  auto rewrite = [&](std::string f, std::size_t from_end, auto v) {  // v's bytes (f32 or f64) there, the checksum recomputed
     std::memcpy(f.data() + f.size() - from_end, &v, sizeof v);
     detail::stream_hash h;
     h.update(f.data(), f.size() - 8);
@@ -495,21 +495,14 @@ TEST_CASE("reshard: OkTopK sets with differing parameters or invalid estimates a
   // Before the unit count (u64) and the unit's tail: f64 local_adapt, global_adapt, capacity.
   // Parameters set alike on every rank but outside what set_params accepts: the re-sharder refuses
   // the set (nothing written), naming the parameter, as the engine would refuse it on load.
-  auto rewrite_f64 = [&](std::string f, std::size_t from_end, double v) {
-    std::memcpy(f.data() + f.size() - from_end, &v, sizeof v);
-    detail::stream_hash h;
-    h.update(f.data(), f.size() - 8);
-    const std::uint64_t c = h.value();
-    for (int i = 0; i < 8; ++i) f[f.size() - 8 + std::size_t(i)] = static_cast<char>((c >> (8 * i)) & 0xffu);
-    return f;
-  };
+
   const std::size_t capacity_at = tail + 8 + 8, global_adapt_at = capacity_at + 8, local_adapt_at = global_adapt_at + 8;
   SUBCASE("parameters out of range") {
     for (const auto& [at, v, name] : {std::tuple{capacity_at, 100.0, "capacity"}, std::tuple{global_adapt_at, 0.5, "global_adapt"},
                                       std::tuple{local_adapt_at, std::numeric_limits<double>::quiet_NaN(), "local_adapt"}}) {
       CAPTURE(name);
       auto f = files;
-      for (auto& x : f) x = rewrite_f64(x, at, v);
+      for (auto& x : f) x = rewrite(x, at, v);
       streams s(f);
       try {
         (void)reshard_checkpoints(s.span(), 2);
