@@ -1,7 +1,9 @@
 #pragma once
-// OkTopK's run-time parameters and their check, below the engines: the engine
-// (engines/oktopk/engine.hpp) takes them in set_params and from its checkpoint, and the re-sharder
-// (support/reshard.hpp) checks a checkpoint's before it writes a set that the engine would refuse.
+// OkTopK's run-time parameters, their check and their bytes in a checkpoint, below the engines:
+// the engine (engines/oktopk/engine.hpp) takes them in set_params and writes and reads them in its
+// checkpoint, and the re-sharder (support/reshard.hpp) reads them, and the saved thresholds, by the
+// same rules before it writes a set, so that it never writes one the engine would refuse.
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -47,10 +49,33 @@ inline void check_oktopk_params(const oktopk_params& p) {
   if (const auto q = find_oktopk_params_problem(p)) throw invalid_argument(q->subject, q->why, q->fix);
 }
 
-/// A checkpoint's parameters (the engine's load and the re-sharder): the reader's parse error
-/// naming the parameter.
-inline void check_saved_oktopk_params(const oktopk_params& p, const checkpoint_reader& r) {
+/// The parameters in a checkpoint (the engine's save_state): five fields in this order, which
+/// read_oktopk_params reads back for the engine's load and for the re-sharder.
+inline void write_oktopk_params(checkpoint_writer& w, const oktopk_params& p) {
+  w.u64(p.threshold_period);
+  w.u64(p.boundary_period);
+  w.f64(p.local_adapt);
+  w.f64(p.global_adapt);
+  w.f64(p.capacity);
+}
+
+/// The parameters write_oktopk_params wrote, checked as set_params checks them: the reader's parse
+/// error naming the parameter (without set_params' fix).
+inline oktopk_params read_oktopk_params(checkpoint_reader& r) {
+  oktopk_params p;
+  p.threshold_period = r.u64("threshold_period");
+  p.boundary_period = r.u64("boundary_period");
+  p.local_adapt = r.f64("local_adapt");
+  p.global_adapt = r.f64("global_adapt");
+  p.capacity = r.f64("capacity");
   if (const auto q = find_oktopk_params_problem(p)) r.fail(q->subject, "the checkpoint's OkTopK parameters are invalid: " + q->why);
+  return p;
+}
+
+/// A unit's saved local or global threshold: finite and >= 0, or -1 (not estimated).
+inline void check_saved_oktopk_threshold(const checkpoint_reader& r, std::uint64_t unit, float v) {
+  if (!(std::isfinite(v) && (v >= 0.0f || v == -1.0f)))
+    r.fail("threshold", fmt::format("unit {} has threshold {:f} (finite and >= 0, or -1 for not estimated, expected).", unit, v));
 }
 
 }  // namespace gflow::detail

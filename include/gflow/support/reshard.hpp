@@ -139,25 +139,14 @@ inline void read_oktopk_tail(checkpoint_reader& r, checkpoint_image& img) {
     for (checkpoint_writer* w : {&wa, &ws, &wr}) w->u64(v);
     return v;
   };
-  const auto f64 = [&](std::string_view what) {
-    const double v = r.f64(what);
-    for (checkpoint_writer* w : {&wa, &ws, &wr}) w->f64(v);
-    return v;
-  };
   const auto thr = [&](std::uint64_t u, std::string_view what) {
     const float v = r.f32(what);
-    if (!(std::isfinite(v) && (v >= 0.0f || v == -1.0f)))
-      r.fail("threshold", fmt::format("unit {} has threshold {:f} (finite and >= 0, or -1 for not estimated, expected).", u, v));
+    check_saved_oktopk_threshold(r, u, v);
     wa.f32(v);
     return v;
   };
-  oktopk_params params;  // what the engine would refuse on load is refused here, before a set is written
-  params.threshold_period = u64("threshold_period");
-  params.boundary_period = u64("boundary_period");
-  params.local_adapt = f64("local_adapt");
-  params.global_adapt = f64("global_adapt");
-  params.capacity = f64("capacity");
-  check_saved_oktopk_params(params, r);
+  const oktopk_params params = read_oktopk_params(r);  // refused here as the engine would refuse it on load
+  for (checkpoint_writer* w : {&wa, &ws, &wr}) write_oktopk_params(*w, params);
   const std::uint64_t units = u64("the OkTopK unit count");
   const std::uint64_t max_units = img.id.pool_elems + 1;  // a unit (bucket or pool) holds an element at least
   if (units > max_units) r.fail("units", fmt::format("the checkpoint claims {} OkTopK selection units for a pool of {} elements.", units, img.id.pool_elems));

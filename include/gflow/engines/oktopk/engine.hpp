@@ -167,11 +167,7 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
       cx_->kernels->download(res.data(), residual_.data(), res.size());
       w.array(res.data(), res.size());
     }
-    w.u64(params_.threshold_period);
-    w.u64(params_.boundary_period);
-    w.f64(params_.local_adapt);
-    w.f64(params_.global_adapt);
-    w.f64(params_.capacity);
+    write_oktopk_params(w, params_);
     w.u64(units_.size());
     for (const auto& u : units_) {
       w.f32(u.local_thr);

@@ -286,12 +286,7 @@ auto oktopk_engine<Ctx, Density>::read_state(checkpoint_reader& r) const -> save
   s.wide = h.wide;
   s.density = h.density;
   s.schedule = std::move(h.schedule);
-  s.params.threshold_period = r.u64("threshold_period");
-  s.params.boundary_period = r.u64("boundary_period");
-  s.params.local_adapt = r.f64("local_adapt");
-  s.params.global_adapt = r.f64("global_adapt");
-  s.params.capacity = r.f64("capacity");
-  check_saved_oktopk_params(s.params, r);
+  s.params = read_oktopk_params(r);
   const std::uint64_t nu = r.u64("the OkTopK unit count");
   if (nu != units_.size())
     r.fail("units", fmt::format("the checkpoint holds OkTopK state for {} selection units; this exchanger has {} (same layout and fusion expected).", nu,
@@ -301,10 +296,8 @@ auto oktopk_engine<Ctx, Density>::read_state(checkpoint_reader& r) const -> save
     unit_state us;
     us.local_thr = r.f32("a local threshold");
     us.global_thr = r.f32("a global threshold");
-    const float ths[2] = {us.local_thr, us.global_thr};  // (a braced list in the range-for trips nvcc's front end)
-    for (const float th : ths)
-      if (!(std::isfinite(th) && (th >= 0.0f || th == -1.0f)))
-        r.fail("threshold", fmt::format("unit {} has threshold {:f} (finite and >= 0, or -1 for not estimated, expected).", u, th));
+    check_saved_oktopk_threshold(r, u, us.local_thr);
+    check_saved_oktopk_threshold(r, u, us.global_thr);
     const std::size_t n = fused_ ? (*cx_->buckets)[static_cast<std::size_t>(u)].count : cx_->pool->total;
     const std::uint64_t nb = r.u64("the boundaries");
     if (nb != 0 && nb != P + 1)
