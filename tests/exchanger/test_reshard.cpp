@@ -495,7 +495,6 @@ TEST_CASE("reshard: OkTopK sets with differing parameters or invalid estimates a
   // Before the unit count (u64) and the unit's tail: f64 local_adapt, global_adapt, capacity.
   // Parameters set alike on every rank but outside what set_params accepts: the re-sharder refuses
   // the set (nothing written), naming the parameter, as the engine would refuse it on load.
-
   const std::size_t capacity_at = tail + 8 + 8, global_adapt_at = capacity_at + 8, local_adapt_at = global_adapt_at + 8;
   SUBCASE("parameters out of range") {
     for (const auto& [at, v, name] : {std::tuple{capacity_at, 100.0, "capacity"}, std::tuple{global_adapt_at, 0.5, "global_adapt"},
