@@ -14,7 +14,7 @@
 // (as a careful hand-written exchange would), so the comparison is about the exchange around them.
 #include "common.hpp"
 
-#include <gflow/kernels/cast.hpp>
+#include <gflow/detail/kernels/cast.hpp>
 
 #include <unistd.h>
 
@@ -40,7 +40,7 @@ namespace {
 // careful hand-written exchange would: the comparison is about the exchange around them.
 template <class W>
 void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
-  gflow::kernels::combine_wire<gflow::reduce_op::sum>(static_cast<const W*>(in), static_cast<W*>(inout), static_cast<std::size_t>(*len));
+  gflow::detail::kernels::combine_wire<gflow::reduce_op::sum>(static_cast<const W*>(in), static_cast<W*>(inout), static_cast<std::size_t>(*len));
 }
 
 // The hand-written average, out of line and 64-byte aligned like gflow's kernels::scale_in_place:
@@ -73,14 +73,14 @@ struct hand_written {
       hand_scale(pool + off, n, inv);
     } else if (fmt == "fp16") {
       auto* w = static_cast<gflow::half*>(wire) + off;
-      gflow::kernels::scale_to_wire(pool + off, w, n, inv);
+      gflow::detail::kernels::scale_to_wire(pool + off, w, n, inv);
       MPI_Allreduce(MPI_IN_PLACE, w, static_cast<int>(n), t16, op_half, MPI_COMM_WORLD);
-      (void)gflow::kernels::wire_to_float(w, pool + off, n);
+      (void)gflow::detail::kernels::wire_to_float(w, pool + off, n);
     } else {
       auto* w = static_cast<gflow::bfloat16*>(wire) + off;
-      gflow::kernels::scale_to_wire(pool + off, w, n, inv);
+      gflow::detail::kernels::scale_to_wire(pool + off, w, n, inv);
       MPI_Allreduce(MPI_IN_PLACE, w, static_cast<int>(n), t16, op_bf16, MPI_COMM_WORLD);
-      (void)gflow::kernels::wire_to_float(w, pool + off, n);
+      (void)gflow::detail::kernels::wire_to_float(w, pool + off, n);
     }
   }
 };

@@ -10,10 +10,10 @@
 // layering: kernels/ and plan/density.hpp: this suite times the host kernels themselves.
 #include "suites.hpp"
 
-#include <gflow/kernels/cast.hpp>
-#include <gflow/kernels/sparse_chunks.hpp>
-#include <gflow/kernels/topk.hpp>
-#include <gflow/plan/density.hpp>
+#include <gflow/detail/kernels/cast.hpp>
+#include <gflow/detail/kernels/sparse_chunks.hpp>
+#include <gflow/detail/kernels/topk.hpp>
+#include <gflow/detail/plan/density.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -74,10 +74,10 @@ int run_kernels_suite(const kernels_options& o) {
     std::vector<std::uint32_t> keys(n);
     fill_gradients(fresh.data(), n, 1);
     fill_gradients(res.data(), n, 2);
-    gflow::kernels::scale_to_wire(fresh.data(), h16.data(), n, 0.25f);
-    gflow::kernels::scale_to_wire(res.data(), h16b.data(), n, 0.25f);
-    gflow::kernels::scale_to_wire(fresh.data(), b16.data(), n, 0.25f);
-    gflow::kernels::scale_to_wire(res.data(), b16b.data(), n, 0.25f);
+    gflow::detail::kernels::scale_to_wire(fresh.data(), h16.data(), n, 0.25f);
+    gflow::detail::kernels::scale_to_wire(res.data(), h16b.data(), n, 0.25f);
+    gflow::detail::kernels::scale_to_wire(fresh.data(), b16.data(), n, 0.25f);
+    gflow::detail::kernels::scale_to_wire(res.data(), b16b.data(), n, 0.25f);
     std::vector<float> res0 = res;
 
     // CSC chunk lists: every chunk (norms), and 15% of them spread over the pool (compaction, scatter).
@@ -97,7 +97,7 @@ int run_kernels_suite(const kernels_options& o) {
     std::vector<kernel_case> ks;
     auto none = [] {};
     ks.push_back({"copy", 8 * N, none, [&] { std::memcpy(out.data(), fresh.data(), n * sizeof(float)); }, {}});
-    namespace K = gflow::kernels;
+    namespace K = gflow::detail::kernels;
     constexpr auto sum = gflow::reduce_op::sum;
     // The dispatching kernels (AVX2 + F16C where the CPU has them), then the scalar reference twins.
     ks.push_back({"scale_to_fp16", 6 * N, none, [&] { K::scale_to_wire(fresh.data(), h16.data(), n, 0.25f); }, {}});
@@ -110,14 +110,14 @@ int run_kernels_suite(const kernels_options& o) {
     ks.push_back({"widen_fp16+count (reference)", 6 * N, none, [&] { sink += K::reference::wire_to_float(h16.data(), out.data(), n); }, {}});
     ks.push_back({"sum_op_fp16 (reference)", 6 * N, none, [&] { K::reference::combine_wire<sum>(h16b.data(), h16.data(), n); }, {}});
     ks.push_back({"scale_in_place+count", 8 * N, [&] { std::memcpy(out.data(), fresh.data(), n * sizeof(float)); },
-                  [&] { sink += gflow::kernels::scale_in_place(out.data(), n, 0.25f); }, {}});
+                  [&] { sink += gflow::detail::kernels::scale_in_place(out.data(), n, 0.25f); }, {}});
     ks.push_back({"scale_in_place+count (reference)", 8 * N, [&] { std::memcpy(out.data(), fresh.data(), n * sizeof(float)); },
-                  [&] { sink += gflow::kernels::reference::scale_in_place(out.data(), n, 0.25f); }, {}});
+                  [&] { sink += gflow::detail::kernels::reference::scale_in_place(out.data(), n, 0.25f); }, {}});
     ks.push_back({"residual_accumulate", 12 * N, [&] { std::memcpy(res.data(), res0.data(), n * sizeof(float)); },
                   [&] { K::accumulate_into_residual(fresh.data(), res.data(), n); }, {}});
     auto ws = std::make_shared<K::topk_workspace>();
     for (double d : {0.001, 0.01}) {
-      const std::size_t k = gflow::plan::k_for(d, n);
+      const std::size_t k = gflow::detail::plan::k_for(d, n);
       ws->reserve(n, k);
       auto idx = std::make_shared<std::vector<std::uint32_t>>(k);
       char name[64];
@@ -133,12 +133,12 @@ int run_kernels_suite(const kernels_options& o) {
                     [&, k, idx, ws] { sink += K::accumulate_select_topk(fresh.data(), res.data(), n, k, 0, idx->data(), *ws).count; }, {}});
     }
     ks.push_back({"csc_chunk_norms", 4 * N, none,
-                  [&] { gflow::kernels::chunk_l1_norms(fresh.data(), n, chunk, all_chunks.data(), chunks, norms.data()); }, {}});
+                  [&] { gflow::detail::kernels::chunk_l1_norms(fresh.data(), n, chunk, all_chunks.data(), chunks, norms.data()); }, {}});
     const double S = static_cast<double>(some_elems);
     ks.push_back({"csc_compact_15pct", 16 * S, [&] { std::memcpy(hist.data(), res0.data(), n * sizeof(float)); },
-                  [&] { sink += gflow::kernels::compact_chunks(fresh.data(), hist.data(), n, chunk, some.data(), some.size(), compact.data()); }, {}});
+                  [&] { sink += gflow::detail::kernels::compact_chunks(fresh.data(), hist.data(), n, chunk, some.data(), some.size(), compact.data()); }, {}});
     ks.push_back({"csc_scatter_15pct+norms", 8 * S, none,
-                  [&] { sink += gflow::kernels::scatter_chunks(compact.data(), out.data(), n, chunk, some.data(), some.size(), norms.data(), 1.0f); },
+                  [&] { sink += gflow::detail::kernels::scatter_chunks(compact.data(), out.data(), n, chunk, some.data(), some.size(), norms.data(), 1.0f); },
                   {}});
 
     for (int r = 0; r < o.warmup + o.iters; ++r) {

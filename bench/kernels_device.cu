@@ -11,13 +11,13 @@
 // against the host kernels.
 #include <cuda_runtime.h>
 
-#include <gflow/cuda/cast.cuh>
-#include <gflow/cuda/oktopk.cuh>
-#include <gflow/cuda/sparse_chunks.cuh>
-#include <gflow/cuda/topk.cuh>
-#include <gflow/cuda/topk_engine.cuh>
-#include <gflow/kernels/cast.hpp>
-#include <gflow/kernels/topk.hpp>
+#include <gflow/detail/cuda/cast.cuh>
+#include <gflow/detail/cuda/oktopk.cuh>
+#include <gflow/detail/cuda/sparse_chunks.cuh>
+#include <gflow/detail/cuda/topk.cuh>
+#include <gflow/detail/cuda/topk_engine.cuh>
+#include <gflow/detail/kernels/cast.hpp>
+#include <gflow/detail/kernels/topk.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -126,10 +126,10 @@ int main(int argc, char** argv) {
 
   // A sample check of the timed kernels against the host ones (scale_to_wire fp16).
   {
-    gflow::cuda::scale_to_wire(a, w16, n, 0.25f, s);
+    gflow::detail::cuda::scale_to_wire(a, w16, n, 0.25f, s);
     std::vector<gflow::half> got(4096), want(4096);
     ok(cudaMemcpy(got.data(), w16, 4096 * sizeof(gflow::half), cudaMemcpyDeviceToHost), "D2H");
-    gflow::kernels::scale_to_wire(h.data(), want.data(), 4096, 0.25f);
+    gflow::detail::kernels::scale_to_wire(h.data(), want.data(), 4096, 0.25f);
     if (std::memcmp(got.data(), want.data(), 4096 * sizeof(gflow::half)) != 0) {
       std::fprintf(stderr, "gflow_bench_device: scale_to_wire<fp16> differs from the host kernel\n");
       return 1;
@@ -149,18 +149,18 @@ int main(int argc, char** argv) {
   const unsigned grid = static_cast<unsigned>(std::min<std::size_t>((n / 4 + 255) / 256, 4096));
   auto time = [&](const std::string& name, double bytes, const std::function<void()>& fn) { rows.push_back({name, bytes, median_ms(fn, reps, s)}); };
   time("copy (baseline)", 2 * f4 * n, [&] { copy_kernel<<<grid, 256, 0, s>>>(reinterpret_cast<const float4*>(a), reinterpret_cast<float4*>(c), n / 4); });
-  time("scale_to_wire fp16", (f4 + f2) * n, [&] { gflow::cuda::scale_to_wire(a, w16, n, 0.25f, s); });
-  time("scale_to_wire bf16", (f4 + f2) * n, [&] { gflow::cuda::scale_to_wire(a, wb, n, 0.25f, s); });
-  time("wire_to_float fp16 (counts)", (f2 + f4) * n, [&] { gflow::cuda::wire_to_float(w16, c, n, counter, s); });
-  time("wire_to_float bf16 (counts)", (f2 + f4) * n, [&] { gflow::cuda::wire_to_float(wb, c, n, counter, s); });
-  time("scale_in_place (counts)", 2 * f4 * n, [&] { gflow::cuda::scale_in_place(c, n, 1.0f, counter, s); });
-  time("count_nonfinite", f4 * n, [&] { gflow::cuda::count_nonfinite(a, n, counter, s); });
-  time("chunk_l1_norms (tree order)", f4 * n, [&] { gflow::cuda::chunk_l1_norms(a, n, C, list, chunks, norms, 1.0f, s); });
-  time("defer_chunks_exact (host-order norms)", 4 * f4 * n, [&] { gflow::cuda::defer_chunks_exact(c, b, n, C, list, chunks, 1.0f, norms, s); });
-  time("scatter_chunks_counted (host-order norms)", 2 * f4 * n, [&] { gflow::cuda::scatter_chunks_counted(a, c, n, C, list, chunks, true, 0.5f, norms, 1.0f, counter, s); });
-  time("residual: accumulate_into_residual", 3 * f4 * n, [&] { gflow::cuda::accumulate_into_residual(a, b, n, s); });
-  time("compact_chunks 10% (fp32)", 3 * f4 * double(sel * C) + f4 * double(sel * C), [&] { gflow::cuda::compact_chunks(a, b, n, C, list, sel, c, s); });
-  time("compact_chunks_to_wire 10% (fp16)", (3 * f4 + f2) * double(sel * C), [&] { gflow::cuda::compact_chunks_to_wire(a, b, n, C, list, sel, w16, 0.25f, 4.0f, s); });
+  time("scale_to_wire fp16", (f4 + f2) * n, [&] { gflow::detail::cuda::scale_to_wire(a, w16, n, 0.25f, s); });
+  time("scale_to_wire bf16", (f4 + f2) * n, [&] { gflow::detail::cuda::scale_to_wire(a, wb, n, 0.25f, s); });
+  time("wire_to_float fp16 (counts)", (f2 + f4) * n, [&] { gflow::detail::cuda::wire_to_float(w16, c, n, counter, s); });
+  time("wire_to_float bf16 (counts)", (f2 + f4) * n, [&] { gflow::detail::cuda::wire_to_float(wb, c, n, counter, s); });
+  time("scale_in_place (counts)", 2 * f4 * n, [&] { gflow::detail::cuda::scale_in_place(c, n, 1.0f, counter, s); });
+  time("count_nonfinite", f4 * n, [&] { gflow::detail::cuda::count_nonfinite(a, n, counter, s); });
+  time("chunk_l1_norms (tree order)", f4 * n, [&] { gflow::detail::cuda::chunk_l1_norms(a, n, C, list, chunks, norms, 1.0f, s); });
+  time("defer_chunks_exact (host-order norms)", 4 * f4 * n, [&] { gflow::detail::cuda::defer_chunks_exact(c, b, n, C, list, chunks, 1.0f, norms, s); });
+  time("scatter_chunks_counted (host-order norms)", 2 * f4 * n, [&] { gflow::detail::cuda::scatter_chunks_counted(a, c, n, C, list, chunks, true, 0.5f, norms, 1.0f, counter, s); });
+  time("residual: accumulate_into_residual", 3 * f4 * n, [&] { gflow::detail::cuda::accumulate_into_residual(a, b, n, s); });
+  time("compact_chunks 10% (fp32)", 3 * f4 * double(sel * C) + f4 * double(sel * C), [&] { gflow::detail::cuda::compact_chunks(a, b, n, C, list, sel, c, s); });
+  time("compact_chunks_to_wire 10% (fp16)", (3 * f4 + f2) * double(sel * C), [&] { gflow::detail::cuda::compact_chunks_to_wire(a, b, n, C, list, sel, w16, 0.25f, 4.0f, s); });
 
   const double copy_gbs = rows[0].bytes / (rows[0].ms * 1e6);
   std::fprintf(stderr, "device: %s, n = %zu fp32, median of %d\n", prop.name, n, reps);
@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
       if (std::sscanf(line.c_str(), "{\"density\": %lf, \"us\": %lf", &d, &us) == 2) torch.push_back({d, us});
     }
   }
-  gflow::cuda::topk_selector selector(n);
+  gflow::detail::cuda::topk_selector selector(n);
   for (double d : {0.001, 0.01}) {
     const std::size_t k = static_cast<std::size_t>(std::ceil(d * static_cast<double>(n)));
     std::uint32_t* out = dalloc<std::uint32_t>(k);
@@ -192,7 +192,7 @@ int main(int argc, char** argv) {
     // Check: the selection equals the host's.
     std::vector<std::uint32_t> got(k), want(k), scratch(n);
     ok(cudaMemcpy(got.data(), out, k * 4, cudaMemcpyDeviceToHost), "D2H");
-    gflow::kernels::select_topk(h.data(), n, k, 0, want.data(), scratch.data());
+    gflow::detail::kernels::select_topk(h.data(), n, k, 0, want.data(), scratch.data());
     const bool same = got == want;
     double tus = 0;
     for (auto& [td, t] : torch)
@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
   {
     const std::size_t k = static_cast<std::size_t>(std::ceil(0.001 * static_cast<double>(n)));
     std::vector<std::uint32_t> keys(n);
-    for (std::size_t i = 0; i < n; ++i) keys[i] = gflow::kernels::magnitude_key(h[i]);
+    for (std::size_t i = 0; i < n; ++i) keys[i] = gflow::detail::kernels::magnitude_key(h[i]);
     std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(2 * k - 1), keys.end(), std::greater<std::uint32_t>());
     const std::uint32_t t = std::max<std::uint32_t>(keys[2 * k - 1], 1u);
     const std::size_t cap = 4 * 2 * k;
@@ -220,11 +220,11 @@ int main(int argc, char** argv) {
     std::uint32_t* gk = dalloc<std::uint32_t>(cap);
     ok(cudaMemset(c, 0, n * sizeof(float)), "memset");  // g = +0
     ok(cudaMemcpy(b, h.data(), n * sizeof(float), cudaMemcpyHostToDevice), "H2D");  // res = the inputs (the kernels above changed b)
-    gflow::cuda::threshold_gatherer tg(n);
+    gflow::detail::cuda::threshold_gatherer tg(n);
     std::size_t got = 0;
     const double ms = median_ms([&] { got = tg.gather(c, b, n, t, 0, pos, gk, cap, s); }, reps, s);
     std::size_t want = 0;
-    for (std::size_t i = 0; i < n; ++i) want += gflow::kernels::magnitude_key(h[i]) >= t;
+    for (std::size_t i = 0; i < n; ++i) want += gflow::detail::kernels::magnitude_key(h[i]) >= t;
     // bytes: read g and res, write res (the host's one pass), read res again where a tile gathers
     const double bytes = 4 * f4 * n, gbs = bytes / (ms * 1e6);
     std::fprintf(stderr, "%-44s %10.1f %10.1f %8.2f  (%zu gathered, host %zu)\n", "oktopk accumulate_gather_above (2k of 25.6M)", ms * 1e3, gbs,

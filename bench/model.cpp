@@ -6,12 +6,12 @@
 // reduction (detail::reduce_by_index), its exact selection amortised over the default period.
 #include "sparse.hpp"
 
-#include <gflow/engines/oktopk/reduce.hpp>
-#include <gflow/support/oktopk_params.hpp>
+#include <gflow/detail/engines/oktopk/reduce.hpp>
+#include <gflow/detail/support/oktopk_params.hpp>
 
-#include <gflow/plan/buckets.hpp>
-#include <gflow/plan/cost_model.hpp>
-#include <gflow/plan/pool.hpp>
+#include <gflow/detail/plan/buckets.hpp>
+#include <gflow/detail/plan/cost_model.hpp>
+#include <gflow/detail/plan/pool.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -57,14 +57,14 @@ double time_median(int reps, F&& f, Prepare&& prepare = [] {}) {
 // The engines' local work per unit (plan::local_costs), timed with their own kernels on every
 // rank at once (median of reps, slowest rank): pool-sized passes over `elements`, and the
 // per-entry work on k received entries of a d = 0.01 exchange.
-gflow::plan::local_costs measure_local_costs(int reps, std::size_t elements, std::size_t bucket_elements, std::size_t k, int rank) {
-  namespace kn = gflow::kernels;
+gflow::detail::plan::local_costs measure_local_costs(int reps, std::size_t elements, std::size_t bucket_elements, std::size_t k, int rank) {
+  namespace kn = gflow::detail::kernels;
   const double n = static_cast<double>(elements), kd = static_cast<double>(std::max<std::size_t>(k, 1));
   std::vector<float> g(elements), res(elements, 0.0f), hist(elements, 0.0f);
   for (std::size_t i = 0; i < elements; ++i)
     g[i] = static_cast<float>(((i * 2654435761u + static_cast<std::size_t>(rank) * 40503u) % 20011)) / 10000.0f - 1.0f;
   std::vector<float> pool = g;
-  gflow::plan::local_costs c;
+  gflow::detail::plan::local_costs c;
   {  // Dense averages each bucket right after its allreduce, while it is still in cache
     const std::size_t b = std::min(elements, bucket_elements);
     constexpr int passes = 8;
@@ -108,8 +108,8 @@ gflow::plan::local_costs measure_local_costs(int reps, std::size_t elements, std
   for (std::size_t j = 0; j < kb; ++j) vb[j] = g[elements - 1 - j];
   // TopK's per-entry work on a received message: validated, decoded (twice: check all P first,
   // then apply), scatter-added, then averaged and counted where the union holds a value.
-  std::vector<unsigned char> msg(gflow::sparse_message::bytes(k, 4, 4));
-  gflow::sparse_message::pack(msg.data(), k, ia.data(), va.data(), ka);
+  std::vector<unsigned char> msg(gflow::detail::sparse_message::bytes(k, 4, 4));
+  gflow::detail::sparse_message::pack(msg.data(), k, ia.data(), va.data(), ka);
   std::vector<std::uint32_t> ri2(k);
   std::vector<float> rv2(k), dec(k);
   c.entry = time_median(reps, [&] {
@@ -185,7 +185,7 @@ gflow::plan::local_costs measure_local_costs(int reps, std::size_t elements, std
       bval[e] = va[j];
     }
     bcount[q] = (ka + Pz - 1 - q) / Pz;
-    bat[q + 1] = bat[q] + gflow::sparse_message::bytes(bcount[q], 4, 4);
+    bat[q + 1] = bat[q] + gflow::detail::sparse_message::bytes(bcount[q], 4, 4);
   }
   std::vector<unsigned char> blocks(bat[Pz]);
   gflow::detail::region_reduce_scratch rr;
@@ -200,7 +200,7 @@ gflow::plan::local_costs measure_local_costs(int reps, std::size_t elements, std
   auto split_reduce = [&] {
     kn::take_selected(res.data(), res.data(), ia.data(), ka, rv2.data(), 1.0f, 1.0f);
     for (std::size_t q = 0, e = 0; q < Pz; e += bcount[q++])
-      gflow::sparse_message::pack(blocks.data() + bat[q], bcount[q], bidx.data() + e, bval.data() + e, bcount[q]);
+      gflow::detail::sparse_message::pack(blocks.data() + bat[q], bcount[q], bidx.data() + e, bval.data() + e, bcount[q]);
     std::size_t m = 0;
     for (std::size_t q = 0; q < Pz; ++q) m += kn::unpack_checked(blocks.data() + bat[q], bcount[q], 0, region, ri2.data() + m, rv2.data() + m).count;
     gflow::detail::reduce_by_index(ri2.data(), rv2.data(), m, 0, region, rr, red);
@@ -230,7 +230,7 @@ gflow::plan::local_costs measure_local_costs(int reps, std::size_t elements, std
 }  // namespace
 
 int run_model_suite(const options& o, const gflow::Layout& l, const std::string& layout_name) {
-  namespace pl = gflow::plan;
+  namespace pl = gflow::detail::plan;
   int rank = 0, P = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &P);

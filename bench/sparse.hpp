@@ -8,8 +8,8 @@
 #include "common.hpp"
 #include "sparse_oktopk.hpp"
 
-#include <gflow/kernels/topk.hpp>
-#include <gflow/plan/density.hpp>
+#include <gflow/detail/kernels/topk.hpp>
+#include <gflow/detail/plan/density.hpp>
 
 #include <array>
 #include <chrono>
@@ -54,8 +54,8 @@ sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, con
     }
   };
   fill(0);
-  const std::size_t k = gflow::plan::k_for(density, total);
-  gflow::kernels::topk_workspace ws;
+  const std::size_t k = gflow::detail::plan::k_for(density, total);
+  gflow::detail::kernels::topk_workspace ws;
   if (selects) ws.reserve(total, k);
   std::vector<std::uint64_t> picked(selects ? k : 0);
   std::vector<double> tt, st;
@@ -77,7 +77,7 @@ sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, con
     if (selects) {
       t.barrier();
       auto s0 = std::chrono::steady_clock::now();
-      (void)gflow::kernels::select_topk_sampled(fresh.data(), total, k, 0, picked.data(), ws);  // the engines' selection
+      (void)gflow::detail::kernels::select_topk_sampled(fresh.data(), total, k, 0, picked.data(), ws);  // the engines' selection
       ds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
     }
     t.all_reduce(&dt, 1, gflow::reduce_op::max);

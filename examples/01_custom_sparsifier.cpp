@@ -1,9 +1,10 @@
 // A sparsifier gflow does not ship, written outside include/ against the documented extension point
-// (include/gflow/engines/concepts.hpp, gflow::sparsifier_engine): random-k with residual
+// (<gflow/extension.hpp>, gflow::sparsifier_engine): random-k with residual
 // ("memory"). Every iteration each bucket exchanges the same k random positions on every rank (the
 // positions come from a seed, the iteration and the bucket, so no index travels); what is not sent
 // stays in the rank's residual and is added to the next iteration's gradient. Only k floats per
-// bucket cross the wire.
+// bucket cross the wire, through the context's dense_allreduce: the composition's Topology carries
+// them and its Precision casts them (an fp16 wire sends k halves), as for a built-in scheme.
 //
 // It composes with the other families like a built-in scheme:
 //     gflow::Exchanger<gflow::Sparsifier<RandomK<0.05>>, gflow::Fusion<256 << 10>>
@@ -22,9 +23,10 @@
 #include <random>
 #include <vector>
 
-// ---- the engine: what gflow calls (engines/concepts.hpp) ----------------------------------------
-// Ctx is gflow's exchange context (gflow::exchange_context, engines/context.hpp): the transport, the
-// pool (grads), the bucket plan, the iteration counter, mean_scale() (1/P when averaging).
+// ---- the engine: what gflow calls (gflow::sparsifier_engine, <gflow/extension.hpp>) -------------
+// Ctx is gflow's exchange context (gflow::exchange_context; its members and helpers: docs/GUIDE.md):
+// the transport, the pool (grads), the bucket plan, the iteration counter, and dense_allreduce(),
+// which sums through the Topology in the Precision's wire type and averages.
 template <class Ctx, double Density>
 class random_k_engine {
   static_assert(std::is_same_v<typename Ctx::transport_type::memory_space, gflow::host_memory>,
@@ -39,6 +41,7 @@ class random_k_engine {
     for (const auto& b : *cx_->buckets) most = std::max(most, k_of(b.count));
     picked_.resize(most);
     sent_.resize(most);
+    wire_.resize(most);  // the wire-type scratch dense_allreduce casts into (unused with an fp32 wire)
   }
 
   // Bucket b's gradients are final in the pool: add the residual, send k positions, keep the rest.
@@ -53,11 +56,10 @@ class random_k_engine {
       sent_[j] = res[picked_[j]];
       res[picked_[j]] = 0.0f;  // sent: it leaves the residual
     }
-    cx_->transport->all_reduce(sent_.data(), k, gflow::reduce_op::sum);
+    cx_->dense_allreduce(sent_.data(), k, wire_.data());  // sum over ranks, averaged; inf/NaN counted
     std::fill(g, g + n, 0.0f);
-    const float scale = cx_->mean_scale();
-    for (std::size_t j = 0; j < k; ++j) g[picked_[j]] = sent_[j] * scale;
-    bytes_ += k * sizeof(float);
+    for (std::size_t j = 0; j < k; ++j) g[picked_[j]] = sent_[j];
+    bytes_ += k * sizeof(typename Ctx::wire_type);
   }
 
   void end_iteration() {
@@ -100,6 +102,7 @@ class random_k_engine {
   std::vector<float> residual_;
   std::vector<std::size_t> picked_;
   std::vector<float> sent_;
+  std::vector<typename Ctx::wire_type> wire_;
   std::size_t bytes_ = 0, last_bytes_ = 0;
 };
 
@@ -110,6 +113,10 @@ struct RandomK {
   template <class Ctx>
   using engine = random_k_engine<Ctx, Density>;
 };
+
+// Checked where it is defined, over a context that runs nothing (fp32 and fp16 wires).
+static_assert(gflow::sparsifier_engine<RandomK<0.05>::engine<gflow::archetype_context<>>, gflow::archetype_context<>>);
+static_assert(gflow::sparsifier_engine<RandomK<0.05>::engine<gflow::archetype_context<gflow::half>>, gflow::archetype_context<gflow::half>>);
 
 // ---- use it ---------------------------------------------------------------------------------------
 int main() {

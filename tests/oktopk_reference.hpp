@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include <gflow/engines/oktopk.hpp>
+#include <gflow/detail/engines/oktopk.hpp>
 
 #include "topk_reference.hpp"
 
@@ -56,7 +56,7 @@ struct oktopk_reference {
     for (std::size_t u = 0; u < units.size(); ++u) {
       const auto [off, n] = units[u];
       auto& S = st[u];
-      const std::size_t k = gflow::plan::k_for(density, n);
+      const std::size_t k = gflow::detail::plan::k_for(density, n);
       const std::size_t cap = std::max<std::size_t>(k, static_cast<std::size_t>(std::ceil(prm.capacity * static_cast<double>(k))));
       // local selection
       std::vector<std::map<std::size_t, W>> mine(Pz);

@@ -1,4 +1,4 @@
-// Sync elastic averaging (include/gflow/elastic.hpp; paper 004 equations 1-2 and 5-6).
+// Sync elastic averaging (include/gflow/elastic.hpp; You et al. equations 1-2 and 5-6).
 #include <doctest/doctest.h>
 
 #include <gflow/elastic.hpp>

@@ -7,10 +7,10 @@
 #include <gflow/exchanger.hpp>
 #include <gflow/layout.hpp>
 #include <gflow/optim/momentum_sgd.hpp>
-#include <gflow/plan/chunks.hpp>
-#include <gflow/plan/density.hpp>
-#include <gflow/plan/groups.hpp>
-#include <gflow/plan/tree.hpp>
+#include <gflow/detail/plan/chunks.hpp>
+#include <gflow/detail/plan/density.hpp>
+#include <gflow/detail/plan/groups.hpp>
+#include <gflow/detail/plan/tree.hpp>
 #include <gflow/reshard.hpp>
 #include <gflow/transport/inproc.hpp>
 #include <gflow/transport/mock.hpp>
@@ -198,48 +198,48 @@ TEST_CASE("errors: the exchanger's iteration protocol (E14-E19)") {
 
 TEST_CASE("errors: planners (E20-E37)") {
   const auto l = Layout::from_sizes({10, 10});
-  const auto pool = plan::plan_pool(l);
+  const auto pool = gflow::detail::plan::plan_pool(l);
   run_table({
       {"E20", errc::invalid_argument, "wire_bytes_per_element", {"must be positive.", "Fix: pass the size of the wire type."},
-       [&] { (void)plan::plan_buckets(l, pool, {0, 0, 0}); }},
+       [&] { (void)gflow::detail::plan::plan_buckets(l, pool, {0, 0, 0}); }},
       {"E21", errc::invalid_argument, "chunk_elems", {"the CSC chunk size must be positive (got 0).", "Fix: pass a chunk size in elements such as 32768"},
-       [] { plan::chunk_geometry g(100, 0); }},
+       [] { gflow::detail::plan::chunk_geometry g(100, 0); }},
       {"E22", errc::invalid_argument, "pool_elems", {"the pool to cut into chunks is empty.", "Fix: describe at least one non-empty tensor"},
-       [] { plan::chunk_geometry g(0, 8); }},
+       [] { gflow::detail::plan::chunk_geometry g(0, 8); }},
       {"E23", errc::invalid_argument, "chunk_elems", {"chunk indices are 32-bit.", "Fix: use a chunk size of at least 3 elements."},
-       [] { plan::chunk_geometry g(std::size_t{1} << 33, 1); }},
+       [] { gflow::detail::plan::chunk_geometry g(std::size_t{1} << 33, 1); }},
       {"E24", errc::invalid_argument, "buckets", {"the buckets cover 20 pool elements, the chunk geometry 30.", "Fix: plan the chunks and the buckets over the same pool."},
-       [&] { (void)plan::plan_chunk_ranges(plan::chunk_geometry(30, 8), plan::plan_buckets(l, pool, {})); }},
+       [&] { (void)gflow::detail::plan::plan_chunk_ranges(gflow::detail::plan::chunk_geometry(30, 8), gflow::detail::plan::plan_buckets(l, pool, {})); }},
       {"E25", errc::invalid_argument, "buckets", {"bucket at pool offset 10 does not follow the previous one (expected offset 0).", "Fix: pass the buckets of plan_buckets"},
        [&] {
-         auto b = plan::plan_buckets(l, pool, {});
+         auto b = gflow::detail::plan::plan_buckets(l, pool, {});
          std::swap(b[0], b[1]);
-         (void)plan::plan_chunk_ranges(plan::chunk_geometry(20, 8), b);
+         (void)gflow::detail::plan::plan_chunk_ranges(gflow::detail::plan::chunk_geometry(20, 8), b);
        }},
       {"E26", errc::invalid_argument, "ranks", {"a group plan needs at least one rank (got 0).", "Fix: pass the transport's size()"},
-       [] { (void)plan::plan_groups(0, 1); }},
+       [] { (void)gflow::detail::plan::plan_groups(0, 1); }},
       {"E27", errc::invalid_argument, "group_size", {"the hierarchical group size must be positive (got 0).", "Fix: pass the number of ranks per group"},
-       [] { (void)plan::plan_groups(4, 0); }},
+       [] { (void)gflow::detail::plan::plan_groups(4, 0); }},
       {"E28", errc::invalid_argument, "group_size", {"the hierarchical group size 5 exceeds the 4 ranks of the transport.", "or use Topology<Ring> on this few ranks."},
-       [] { (void)plan::plan_groups(4, 5); }},
+       [] { (void)gflow::detail::plan::plan_groups(4, 5); }},
       {"E29", errc::invalid_argument, "rank", {"rank 6 is outside the 6 ranks of the group plan.", "Fix: pass a rank in [0, 6)."},
-       [] { (void)plan::plan_groups(6, 4).group_of(6); }},
+       [] { (void)gflow::detail::plan::plan_groups(6, 4).group_of(6); }},
       {"E30", errc::invalid_argument, "group", {"group 2 does not exist; the plan has 2 groups.", "Fix: pass a group index in [0, 2)."},
-       [] { (void)plan::plan_groups(6, 4).size_of(2); }},
+       [] { (void)gflow::detail::plan::plan_groups(6, 4).size_of(2); }},
       {"E31", errc::invalid_argument, "density", {"the density must lie in (0, 1] (got 0.000000).", "Fix: pass the fraction of gradients to exchange"},
-       [] { (void)plan::k_for(0.0, 10); }},
+       [] { (void)gflow::detail::plan::k_for(0.0, 10); }},
       {"E32", errc::invalid_argument, "steps[1].until", {"warm-up step 1 ends at iteration 10, not after the previous step's end (10).", "Fix: give each step an end iteration strictly greater"},
-       [] { (void)plan::density_schedule::per_iteration({{10, 0.5}, {10, 0.25}}, 0.1); }},
+       [] { (void)gflow::detail::plan::density_schedule::per_iteration({{10, 0.5}, {10, 0.25}}, 0.1); }},
       {"E33", errc::invalid_argument, "iterations_per_epoch", {"an epoch must hold at least one iteration (got 0).", "Fix: pass the number of exchanger iterations"},
-       [] { (void)plan::density_schedule::paper003(0); }},
+       [] { (void)gflow::detail::plan::density_schedule::gtopk_warmup(0); }},
       {"E34", errc::invalid_argument, "iterations_per_epoch", {"the warm-up would end past 2^64 iterations.", "Fix: pass a smaller number of iterations per epoch."},
-       [] { (void)plan::density_schedule::paper003(std::numeric_limits<std::uint64_t>::max() / 2); }},
+       [] { (void)gflow::detail::plan::density_schedule::gtopk_warmup(std::numeric_limits<std::uint64_t>::max() / 2); }},
       {"E35", errc::invalid_argument, "ranks", {"gTop-k needs at least one rank (got 0).", "Fix: pass the group size, >= 1."},
-       [] { (void)plan::gtopk_rounds(0); }},
+       [] { (void)gflow::detail::plan::gtopk_rounds(0); }},
       {"E36", errc::invalid_argument, "rank", {"rank 6 is outside the group of 6 ranks.", "Fix: pass 0 <= rank < ranks."},
-       [] { (void)plan::gtopk_step(6, 6, 0); }},
+       [] { (void)gflow::detail::plan::gtopk_step(6, 6, 0); }},
       {"E37", errc::invalid_argument, "round", {"round 3 is outside [0, 3) for 6 ranks.", "Fix: pass 0 <= round < ceil(log2 ranks)."},
-       [] { (void)plan::gtopk_step(0, 6, 3); }},
+       [] { (void)gflow::detail::plan::gtopk_step(0, 6, 3); }},
   });
 }
 
@@ -259,7 +259,7 @@ TEST_CASE("errors: sparsifier, topology and optimizer settings (E38-E55)") {
       {"E39", errc::invalid_argument, "index_bytes", {"indices travel as 4 or 8 bytes (got 2).", "Fix: pass 4 or 8."},
        [&] { topk.sparsifier().set_index_bytes(2); }},
       {"E40", errc::invalid_argument, "final_density", {"the density must lie in (0, 1] (got nan)", "Fix: pass the fraction"},
-       [&] { (void)plan::density_schedule::constant(std::nan("")); }},
+       [&] { (void)gflow::detail::plan::density_schedule::constant(std::nan("")); }},
       {"E41", errc::invalid_argument, "percent", {"the percent of CSC chunks exchanged must lie in (0, 100] (got 101).", "Fix: pass e.g. 15"},
        [&] { csc.sparsifier().set_percent(101); }},
       {"E42", errc::invalid_argument, "momentum", {"the CSC momentum must lie in [0, 1] (got 1.500000).", "Fix: pass the optimizer's momentum"},

@@ -1,14 +1,14 @@
-// The fusion auto-tuner (gflow/tuner.hpp, Fusion<Auto>) and the alpha-beta fit it uses.
+// The fusion auto-tuner (gflow/detail/exchanger/tuner.hpp, Fusion<Auto>) and the alpha-beta fit it uses.
 // The state-machine tests inject the measurements (a modelled machine with per-rank noise), so
 // they do not depend on this machine's timing; the exchanger tests check what must hold whatever
 // the timing: identical buckets on every rank, correct sums, checkpoint round trips.
 #include <doctest/doctest.h>
 
 #include <gflow/exchanger.hpp>
-#include <gflow/plan/cost_model.hpp>
+#include <gflow/detail/plan/cost_model.hpp>
 #include <gflow/transport/inproc.hpp>
 #include <gflow/transport/mock.hpp>
-#include <gflow/tuner.hpp>
+#include <gflow/detail/exchanger/tuner.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -47,7 +47,7 @@ struct machine {
     return r;
   }
   // completion with the true bucket times
-  double iteration(const Layout& l, const plan::pool_plan& pool, const std::vector<plan::bucket>& b, const std::vector<double>& ready_s) const {
+  double iteration(const Layout& l, const gflow::detail::plan::pool_plan& pool, const std::vector<gflow::detail::plan::bucket>& b, const std::vector<double>& ready_s) const {
     double prefix = 0, end = 0;
     std::size_t pos = 0;
     for (const auto& bk : b) {
@@ -59,21 +59,21 @@ struct machine {
   }
 };
 
-double best_fixed(const machine& m, const Layout& l, const plan::pool_plan& pool) {
+double best_fixed(const machine& m, const Layout& l, const gflow::detail::plan::pool_plan& pool) {
   double best = 1e300;
   const auto r = m.ready(l);
   for (std::size_t th = 64u << 10; th <= (256u << 20); th *= 2)
-    best = std::min(best, m.iteration(l, pool, plan::plan_buckets(l, pool, {4, th, 0}), r));
+    best = std::min(best, m.iteration(l, pool, gflow::detail::plan::plan_buckets(l, pool, {4, th, 0}), r));
   return best;
 }
 
 // Feeds the tuner `iters` iterations of machine m under its current plan, as the exchanger would
 // after all_reduce (iteration time scaled by `scale`, the backward's span; while probing or
 // verifying, the ready times and the bucket times too).
-void feed(detail::fusion_tuner& tu, const machine& m, const Layout& l, const plan::pool_plan& pool, int iters, double scale = 1.0) {
+void feed(detail::fusion_tuner& tu, const machine& m, const Layout& l, const gflow::detail::plan::pool_plan& pool, int iters, double scale = 1.0) {
   for (int it = 0; it < iters; ++it) {
     const auto cur = tu.current();
-    const auto b = plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
+    const auto b = gflow::detail::plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
     std::vector<double> red{m.iteration(l, pool, b, m.ready(l)) * scale, m.compute_s};
     if (tu.state() != detail::fusion_tuner::phase::settled) {
       const auto r = m.ready(l);
@@ -89,26 +89,26 @@ TEST_CASE("cost model: the alpha-beta fit recovers a line, clamps negatives, rej
   const std::vector<double> x{1e3, 1e4, 1e5, 1e6, 1e7};
   std::vector<double> y;
   for (double v : x) y.push_back(20e-6 + v * 1e-9);
-  const auto f = plan::fit_alpha_beta(x, y);
+  const auto f = gflow::detail::plan::fit_alpha_beta(x, y);
   CHECK(f.alpha == rel(20e-6, 1e-6));
   CHECK(f.beta == rel(1e-9, 1e-6));
   const std::vector<double> one{4096}, t1{1e-3};
-  CHECK(plan::fit_alpha_beta(one, t1).beta == 0.0);
-  CHECK(plan::fit_alpha_beta(one, t1).alpha == rel(1e-3, 1e-9));
+  CHECK(gflow::detail::plan::fit_alpha_beta(one, t1).beta == 0.0);
+  CHECK(gflow::detail::plan::fit_alpha_beta(one, t1).alpha == rel(1e-3, 1e-9));
   const std::vector<double> neg{1.0, 2.0};  // a line through (1, 1e-6), (2, 3e-6): intercept < 0
   const std::vector<double> negt{1e-6, 3e-6};
-  CHECK(plan::fit_alpha_beta(neg, negt).alpha == 0.0);
-  CHECK(plan::fit_alpha_beta(neg, negt).beta > 0.0);
+  CHECK(gflow::detail::plan::fit_alpha_beta(neg, negt).alpha == 0.0);
+  CHECK(gflow::detail::plan::fit_alpha_beta(neg, negt).beta > 0.0);
   const std::vector<double> bad{0.0};
-  CHECK_THROWS_AS(plan::fit_alpha_beta(x, bad), invalid_argument);
+  CHECK_THROWS_AS(gflow::detail::plan::fit_alpha_beta(x, bad), invalid_argument);
   const std::vector<double> zero{0.0};
-  CHECK_THROWS_AS(plan::fit_alpha_beta(one, zero), invalid_argument);
+  CHECK_THROWS_AS(gflow::detail::plan::fit_alpha_beta(one, zero), invalid_argument);
   // per-kind shapes: a ring allreduce measured at P = 4 gives the link's alpha, beta back
-  plan::cost_model m;
-  m.allreduce = plan::alpha_beta{10e-6, 1e-9};
+  gflow::detail::plan::cost_model m;
+  m.allreduce = gflow::detail::plan::alpha_beta{10e-6, 1e-9};
   std::vector<double> yb;
-  for (double v : x) yb.push_back(m.collective(plan::collective_kind::allreduce, 4, v));
-  const auto k = plan::fit_kind(plan::collective_kind::allreduce, 4, x, yb);
+  for (double v : x) yb.push_back(m.collective(gflow::detail::plan::collective_kind::allreduce, 4, v));
+  const auto k = gflow::detail::plan::fit_kind(gflow::detail::plan::collective_kind::allreduce, 4, x, yb);
   CHECK(k.alpha == rel(10e-6, 1e-6));
   CHECK(k.beta == rel(1e-9, 1e-6));
   // Table I's orders: GTopK beats TopK at large P, dense grows with m
@@ -122,33 +122,33 @@ TEST_CASE("cost model: two regimes are found where one line cannot follow, one i
   const std::vector<double> x{4096, 16384, 65536, 262144, 1048576, 4194304, 16777216};
   std::vector<double> y;
   for (double v : x) y.push_back(v < 1e6 ? 5e-6 + v * 1e-9 : 40e-6 + v * 8e-9);
-  const auto f = plan::fit_kind_regimes(plan::collective_kind::send_recv, 2, x, y);
+  const auto f = gflow::detail::plan::fit_kind_regimes(gflow::detail::plan::collective_kind::send_recv, 2, x, y);
   REQUIRE(f.split_in_two());
   CHECK(f.split == 1048576.0);
   CHECK(f.small.alpha == rel(5e-6, 1e-6));
   CHECK(f.small.beta == rel(1e-9, 1e-6));
   CHECK(f.large.alpha == rel(40e-6, 1e-6));
   CHECK(f.large.beta == rel(8e-9, 1e-6));
-  plan::cost_model m;
+  gflow::detail::plan::cost_model m;
   m.send_recv = f;
-  for (std::size_t i = 0; i < x.size(); ++i) CHECK(m.collective(plan::collective_kind::send_recv, 2, x[i]) == rel(y[i], 1e-6));
+  for (std::size_t i = 0; i < x.size(); ++i) CHECK(m.collective(gflow::detail::plan::collective_kind::send_recv, 2, x[i]) == rel(y[i], 1e-6));
   // one line stays one regime, in the kind's shape (ring allreduce at P = 4)
-  plan::cost_model line;
-  line.allreduce = plan::alpha_beta{10e-6, 1e-9};
+  gflow::detail::plan::cost_model line;
+  line.allreduce = gflow::detail::plan::alpha_beta{10e-6, 1e-9};
   std::vector<double> ya;
-  for (double v : x) ya.push_back(line.collective(plan::collective_kind::allreduce, 4, v));
-  const auto g = plan::fit_kind_regimes(plan::collective_kind::allreduce, 4, x, ya);
+  for (double v : x) ya.push_back(line.collective(gflow::detail::plan::collective_kind::allreduce, 4, v));
+  const auto g = gflow::detail::plan::fit_kind_regimes(gflow::detail::plan::collective_kind::allreduce, 4, x, ya);
   CHECK_FALSE(g.split_in_two());
   CHECK(g.at(1e9).alpha == rel(10e-6, 1e-6));
   CHECK(g.at(1e9).beta == rel(1e-9, 1e-6));
   // too few sizes to split (two on each side needed): one regime, never a throw
   const std::vector<double> x3{1e3, 1e6, 1e7}, y3{1e-5, 1e-3, 8e-2};
-  CHECK_FALSE(plan::fit_kind_regimes(plan::collective_kind::send_recv, 2, x3, y3).split_in_two());
+  CHECK_FALSE(gflow::detail::plan::fit_kind_regimes(gflow::detail::plan::collective_kind::send_recv, 2, x3, y3).split_in_two());
 }
 
 TEST_CASE("exchange model: local work is added per scheme as the engines do it") {
-  plan::exchange_model em;  // no communication cost: only the local terms remain
-  em.comm.allreduce = em.comm.all_gather = em.comm.send_recv = em.comm.broadcast = plan::alpha_beta{0, 0};
+  gflow::detail::plan::exchange_model em;  // no communication cost: only the local terms remain
+  em.comm.allreduce = em.comm.all_gather = em.comm.send_recv = em.comm.broadcast = gflow::detail::plan::alpha_beta{0, 0};
   em.local.average = 1e-9;
   em.local.zero = 2e-9;
   em.local.accumulate = 3e-9;
@@ -171,8 +171,8 @@ TEST_CASE("exchange model: local work is added per scheme as the engines do it")
 }
 
 TEST_CASE("cost model: OkTopK's terms (issue 24): local work, and communication that stays flat in P where TopK's grows") {
-  plan::exchange_model em;
-  em.comm.allreduce = em.comm.all_gather = em.comm.send_recv = em.comm.broadcast = plan::alpha_beta{0, 0};
+  gflow::detail::plan::exchange_model em;
+  em.comm.allreduce = em.comm.all_gather = em.comm.send_recv = em.comm.broadcast = gflow::detail::plan::alpha_beta{0, 0};
   em.local.zero = 2e-9;
   em.local.accumulate = 3e-9;  // TopK's and GTopK's: not OkTopK's
   em.local.entry = 10e-9;      // TopK's and GTopK's received entry: not OkTopK's
@@ -188,8 +188,8 @@ TEST_CASE("cost model: OkTopK's terms (issue 24): local work, and communication 
   CHECK(em.comm.oktopk(1, k, 8) == 0.0);
   // Bandwidth only (alpha 0, 1 ns per byte): per rank about k (P-1)/P pairs split + the all_gatherv
   // of k/P pairs per rank, so OkTopK's time tends to a constant while TopK's grows as k (P-1).
-  plan::cost_model m;
-  m.allreduce = m.all_gather = m.send_recv = m.broadcast = plan::alpha_beta{0, 1e-9};
+  gflow::detail::plan::cost_model m;
+  m.allreduce = m.all_gather = m.send_recv = m.broadcast = gflow::detail::plan::alpha_beta{0, 1e-9};
   const double split = (8.0 * 7 + k * 7.0 / 8 * 8 + 24.0 * 7) * 1e-9;
   const double gather = (7 * 24.0 + 7 * (k / 8.0 * 8 + 24)) * 1e-9;
   const double exact = (7 * (2.0 * k / 8.0 * 8 + 24) - 7 * (k / 8.0 * 8 + 24)) * 1e-9 / 32;  // union of 2k entries (the default)
@@ -205,22 +205,22 @@ TEST_CASE("cost model: OkTopK's terms (issue 24): local work, and communication 
 
 TEST_CASE("tuner: modelled completion follows the ready prefix and serialises buckets") {
   const Layout l = Layout::from_sizes({100, 100, 100});  // pool order is reverse: 2, 1, 0
-  const auto pool = plan::plan_pool(l);
-  const auto b = plan::plan_buckets(l, pool, {4, 400, 0});  // one tensor per bucket
+  const auto pool = gflow::detail::plan::plan_pool(l);
+  const auto b = gflow::detail::plan::plan_buckets(l, pool, {4, 400, 0});  // one tensor per bucket
   REQUIRE(b.size() == 3);
   const std::vector<double> ready{3.0, 2.0, 1.0};
-  const plan::alpha_beta c{0.5, 0.0};
+  const gflow::detail::plan::alpha_beta c{0.5, 0.0};
   // bucket of tensor 2 at 1.0 -> 1.5; tensor 1 at 2.0 -> 2.5; tensor 0 at 3.0 -> 3.5
   CHECK(detail::modelled_completion(pool, b, ready, 4, c) == doctest::Approx(3.5));
-  const plan::alpha_beta slow{2.0, 0.0};  // 1 -> 3, then 3 -> 5, then 5 -> 7
+  const gflow::detail::plan::alpha_beta slow{2.0, 0.0};  // 1 -> 3, then 3 -> 5, then 5 -> 7
   CHECK(detail::modelled_completion(pool, b, ready, 4, slow) == doctest::Approx(7.0));
-  const auto one = plan::plan_buckets(l, pool, {4, 1200, 0});
+  const auto one = gflow::detail::plan::plan_buckets(l, pool, {4, 1200, 0});
   CHECK(detail::modelled_completion(pool, one, ready, 4, slow) == doctest::Approx(5.0));
 }
 
 TEST_CASE("tuner: identical plans on every rank under per-rank noise; settles within 50 iterations near the best; re-tunes after drift") {
   const Layout& l = big_layout();
-  const auto pool = plan::plan_pool(l);
+  const auto pool = gflow::detail::plan::plan_pool(l);
   const int P = 4;
   machine truth;
   std::vector<std::vector<std::size_t>> plans(P);
@@ -241,8 +241,8 @@ TEST_CASE("tuner: identical plans on every rank under per-rank noise; settles wi
         m.compute_s /= 2;
       }
       const auto cur = tu.current();
-      const auto b = plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
-      tuner_sample s;
+      const auto b = gflow::detail::plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
+      detail::tuner_sample s;
       s.ready_s = m.ready(l);
       for (double& v : s.ready_s) v *= noise(rng);
       for (const auto& bk : b) s.bucket_s.push_back(m.bucket_time(static_cast<double>(bk.count * 4)) * noise(rng));
@@ -252,11 +252,11 @@ TEST_CASE("tuner: identical plans on every rank under per-rank noise; settles wi
       if (tu.state() == detail::fusion_tuner::phase::settled) {
         if (it < drift_at && settled_at[r] < 0) {
           settled_at[r] = it + 1;
-          chosen_true[r] = m.iteration(l, pool, plan::plan_buckets(l, pool, {4, next.threshold, next.first}), m.ready(l));
+          chosen_true[r] = m.iteration(l, pool, gflow::detail::plan::plan_buckets(l, pool, {4, next.threshold, next.first}), m.ready(l));
         }
         if (it >= drift_at && tu.retunes() > 0 && resettled_at[r] < 0) {
           resettled_at[r] = it + 1 - drift_at;
-          chosen_after_drift[r] = m.iteration(l, pool, plan::plan_buckets(l, pool, {4, next.threshold, next.first}), m.ready(l));
+          chosen_after_drift[r] = m.iteration(l, pool, gflow::detail::plan::plan_buckets(l, pool, {4, next.threshold, next.first}), m.ready(l));
         }
       }
     }
@@ -281,14 +281,14 @@ TEST_CASE("tuner: identical plans on every rank under per-rank noise; settles wi
 
 TEST_CASE("tuner: observe() is deterministic, bad samples and settings are typed errors") {
   const Layout& l = big_layout();
-  const auto pool = plan::plan_pool(l);
+  const auto pool = gflow::detail::plan::plan_pool(l);
   detail::fusion_tuner tu(l, pool, 4, 4u << 20);
   inproc::run(1, [&](inproc::transport& t) {
-    tuner_sample s;
+    detail::tuner_sample s;
     s.ready_s.assign(3, 0.0);
     CHECK_THROWS_AS(tu.step(t, s, 1), invalid_argument);
   });
-  tuner_settings bad;
+  detail::tuner_settings bad;
   bad.window = 0;
   CHECK_THROWS_AS(detail::fusion_tuner(l, pool, 4, 4u << 20, bad), invalid_argument);
 }
@@ -379,7 +379,7 @@ TEST_CASE("Fusion<Auto>: the tuner's state goes into checkpoints and comes back"
 
 TEST_CASE("tuner: probes are visited round-robin; one slow window is not a drift, two in a row re-tune") {
   const Layout& l = big_layout();
-  const auto pool = plan::plan_pool(l);
+  const auto pool = gflow::detail::plan::plan_pool(l);
   machine m;
   detail::fusion_tuner tu(l, pool, 4, 4u << 20);
   double scale = 1.0;  // the machine's speed this iteration
@@ -447,11 +447,11 @@ TEST_CASE("tuner: plans are scored paired per round; under heavy-tailed noise th
   // rounds must measure it out. Over 40 seeds it settles within 35 iterations, within 3% of the
   // best fixed plan in at least 36 and never beyond 5%.
   const Layout& l = big_layout();
-  const auto pool = plan::plan_pool(l);
+  const auto pool = gflow::detail::plan::plan_pool(l);
   machine m;
   m.compute_s = 0.004;
   const auto r = m.ready(l);
-  auto true_time = [&](const detail::fusion_plan& p) { return m.iteration(l, pool, plan::plan_buckets(l, pool, {4, p.threshold, p.first}), r); };
+  auto true_time = [&](const detail::fusion_plan& p) { return m.iteration(l, pool, gflow::detail::plan::plan_buckets(l, pool, {4, p.threshold, p.first}), r); };
   const double best = best_fixed(m, l, pool);
   int near = 0;
   double worst_chosen = 0, model_at_least = 1e300;
@@ -478,7 +478,7 @@ TEST_CASE("tuner: plans are scored paired per round; under heavy-tailed noise th
 
 TEST_CASE("tuner: state round trip through the checkpoint format (settled and probing), deterministic") {
   const Layout& l = big_layout();
-  const auto pool = plan::plan_pool(l);
+  const auto pool = gflow::detail::plan::plan_pool(l);
   machine m;
   auto feed = [&](detail::fusion_tuner& tu, int iters) { ::feed(tu, m, l, pool, iters); };
   detail::fusion_tuner a(l, pool, 4, 4u << 20);
@@ -532,7 +532,7 @@ struct two_level {
   double bucket_time(double bytes, std::size_t sw) const {
     return bytes < static_cast<double>(sw) ? alpha_h + beta_h * bytes : alpha_r + beta_r * bytes;
   }
-  double iteration(const plan::pool_plan& pool, const std::vector<plan::bucket>& b, const std::vector<double>& ready_s, std::size_t sw) const {
+  double iteration(const gflow::detail::plan::pool_plan& pool, const std::vector<gflow::detail::plan::bucket>& b, const std::vector<double>& ready_s, std::size_t sw) const {
     return detail::modelled_completion_by(pool, b, ready_s, 4, [&](double bytes) { return bucket_time(bytes, sw); });
   }
 };
@@ -540,13 +540,13 @@ struct two_level {
 
 TEST_CASE("tuner with Topology<Hybrid>: probes ring and hierarchical, fits a line to each, picks the switch where they cross; identical on every rank") {
   const Layout& l = big_layout();
-  const auto pool = plan::plan_pool(l);
+  const auto pool = gflow::detail::plan::plan_pool(l);
   const int P = 3;
   two_level m;
   std::vector<std::vector<detail::fusion_plan>> plans(P);
   std::vector<int> settled_at(P, -1);
   std::vector<detail::fusion_plan> final_plan(P);
-  std::vector<plan::alpha_beta> ring_fit(P), hier_fit(P);
+  std::vector<gflow::detail::plan::alpha_beta> ring_fit(P), hier_fit(P);
   inproc::run(P, [&](inproc::transport& t) {
     const auto r = static_cast<std::size_t>(t.rank());
     detail::fusion_tuner tu(l, pool, 4, 4u << 20, {}, std::size_t{1} << 20);
@@ -555,8 +555,8 @@ TEST_CASE("tuner with Topology<Hybrid>: probes ring and hierarchical, fits a lin
     std::uniform_real_distribution<double> noise(0.97, 1.03);
     for (int it = 0; it < 70; ++it) {
       const auto cur = tu.current();
-      const auto b = plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
-      tuner_sample s;
+      const auto b = gflow::detail::plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
+      detail::tuner_sample s;
       s.ready_s = m.base.ready(l);
       for (const auto& bk : b) s.bucket_s.push_back(m.bucket_time(static_cast<double>(bk.count * 4), cur.hybrid_switch) * noise(rng));
       s.iteration_s = m.iteration(pool, b, m.base.ready(l), cur.hybrid_switch) * noise(rng);
@@ -585,9 +585,9 @@ TEST_CASE("tuner with Topology<Hybrid>: probes ring and hierarchical, fits a lin
   for (std::size_t th = 64u << 10; th <= (256u << 20); th *= 2)
     for (std::size_t sw : {std::size_t{1}, std::size_t{256} << 10, std::size_t{1} << 20, std::size_t{2} << 20, two_level::crossover,
                            std::size_t{8} << 20, std::size_t{32} << 20, detail::fusion_plan::all_hierarchical})
-      best = std::min(best, m.iteration(pool, plan::plan_buckets(l, pool, {4, th, 0}), ready, sw));
+      best = std::min(best, m.iteration(pool, gflow::detail::plan::plan_buckets(l, pool, {4, th, 0}), ready, sw));
   const auto& f = final_plan[0];
-  const double chosen = m.iteration(pool, plan::plan_buckets(l, pool, {4, f.threshold, f.first}), ready, f.hybrid_switch);
+  const double chosen = m.iteration(pool, gflow::detail::plan::plan_buckets(l, pool, {4, f.threshold, f.first}), ready, f.hybrid_switch);
   MESSAGE("chosen threshold " << f.threshold << " first " << f.first << " switch " << f.hybrid_switch << ": " << chosen << " s vs best " << best);
   CHECK(chosen <= best * 1.03);
   // here the best plan sends its buckets below the crossover hierarchically, the others on the ring
@@ -599,12 +599,12 @@ TEST_CASE("tuner with Topology<Hybrid>: probes ring and hierarchical, fits a lin
 
 TEST_CASE("tuner with Topology<Hybrid>: the switch and both fits go into checkpoints; a tuner without Hybrid refuses them") {
   const Layout& l = big_layout();
-  const auto pool = plan::plan_pool(l);
+  const auto pool = gflow::detail::plan::plan_pool(l);
   two_level m;
   detail::fusion_tuner a(l, pool, 4, 4u << 20, {}, std::size_t{1} << 20);
   for (int it = 0; it < 50; ++it) {
     const auto cur = a.current();
-    const auto b = plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
+    const auto b = gflow::detail::plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
     std::vector<double> red{m.iteration(pool, b, m.base.ready(l), cur.hybrid_switch), m.base.compute_s};
     if (a.state() != detail::fusion_tuner::phase::settled) {
       const auto r = m.base.ready(l);
@@ -662,14 +662,14 @@ TEST_CASE("Fusion<Auto> + Topology<Hybrid>: the exchanger runs the tuner's switc
 
 TEST_CASE("tuner: settled, it makes no collective between windows (one all_reduce and one broadcast per window)") {
   const Layout& l = big_layout();
-  const auto pool = plan::plan_pool(l);
+  const auto pool = gflow::detail::plan::plan_pool(l);
   machine m;
   mock::transport t(4, 0);
   detail::fusion_tuner tu(l, pool, 4, 4u << 20);
   auto one = [&] {
     const auto cur = tu.current();
-    const auto b = plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
-    tuner_sample s;
+    const auto b = gflow::detail::plan::plan_buckets(l, pool, {4, cur.threshold, cur.first});
+    detail::tuner_sample s;
     s.ready_s = m.ready(l);
     for (const auto& bk : b) s.bucket_s.push_back(m.bucket_time(static_cast<double>(bk.count * 4)));
     s.iteration_s = m.iteration(l, pool, b, s.ready_s);

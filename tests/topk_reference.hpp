@@ -18,11 +18,11 @@
 #include <doctest/doctest.h>
 
 #include <gflow/exchanger.hpp>
-#include <gflow/kernels/topk.hpp>
-#include <gflow/plan/buckets.hpp>
-#include <gflow/plan/density.hpp>
-#include <gflow/plan/pool.hpp>
-#include <gflow/plan/tree.hpp>
+#include <gflow/detail/kernels/topk.hpp>
+#include <gflow/detail/plan/buckets.hpp>
+#include <gflow/detail/plan/density.hpp>
+#include <gflow/detail/plan/pool.hpp>
+#include <gflow/detail/plan/tree.hpp>
 #include <gflow/transport/inproc.hpp>
 
 #include "compositions.hpp"
@@ -30,7 +30,7 @@
 namespace gflow_test {
 
 using namespace gflow;
-namespace k_ = gflow::kernels;
+namespace k_ = gflow::detail::kernels;
 
 inline std::uint32_t bits(float f) { return std::bit_cast<std::uint32_t>(f); }
 
@@ -84,7 +84,7 @@ struct reference {
       for (std::size_t i = 0; i < G[q].size(); ++i) G[q][i] = g[q][i] + res[q][i];
     for (int q = 0; q < P; ++q) res[q] = G[q];
     for (auto [off, n] : units) {
-      const std::size_t k = plan::k_for(density, n);
+      const std::size_t k = gflow::detail::plan::k_for(density, n);
       std::vector<std::map<std::size_t, W>> mine(static_cast<std::size_t>(P));
       for (int q = 0; q < P; ++q)
         for (std::size_t p : brute_topk(G[q].data() + off, n, k)) {
@@ -104,7 +104,7 @@ struct reference {
       // tree
       std::vector<std::map<std::size_t, W>> list = mine;
       std::vector<std::vector<std::pair<std::size_t, float>>> records(static_cast<std::size_t>(P));
-      const int rounds = plan::gtopk_rounds(P);
+      const int rounds = gflow::detail::plan::gtopk_rounds(P);
       for (int j = 0; j < rounds; ++j) {
         const int half = 1 << j;
         for (int r = 0; r < P; r += 2 * half) {
@@ -198,10 +198,10 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
 }
 
 inline std::vector<std::pair<std::size_t, std::size_t>> units_of(const Layout& l, std::size_t threshold_bytes, std::size_t wire_bytes) {
-  const auto pool = plan::plan_pool(l);
+  const auto pool = gflow::detail::plan::plan_pool(l);
   if (threshold_bytes == 0) return {{0, pool.total}};
   std::vector<std::pair<std::size_t, std::size_t>> u;
-  for (const auto& b : plan::plan_buckets(l, pool, {wire_bytes, threshold_bytes, 0})) u.push_back({b.offset, b.count});
+  for (const auto& b : gflow::detail::plan::plan_buckets(l, pool, {wire_bytes, threshold_bytes, 0})) u.push_back({b.offset, b.count});
   return u;
 }
 

@@ -1,6 +1,6 @@
 // gflow-reshard: rewrites the checkpoints of a job of P ranks as the checkpoints of a job of P'
 // ranks (docs/GUIDE.md, "Restarting on another number of ranks"; the share rule is in
-// include/gflow/support/reshard.hpp).
+// include/gflow/detail/support/reshard.hpp).
 //
 //   gflow-reshard --size P' [--sum] --out DIR FILE...
 //

@@ -1,4 +1,4 @@
-// Sync elastic averaging (paper 004, equations 1-2; with --momentum > 0 equations 5-6): the
+// Sync elastic averaging (You et al., equations 1-2; with --momentum > 0 equations 5-6): the
 // ranks exchange weights, not gradients, through gflow::elastic_averager; the center weight is
 // what is evaluated. No gradient exchanger, so this experiment needs no policy list.
 #include <chrono>

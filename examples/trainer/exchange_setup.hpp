@@ -20,14 +20,14 @@ template <class Ex>
 struct composition_traits {
   using sparsifier_t = std::remove_cvref_t<decltype(std::declval<Ex&>().sparsifier())>;
   static constexpr bool is_csc = requires(sparsifier_t& e) { e.selected_chunks(); e.set_warmup(1, 1); };
-  static constexpr bool is_topk = requires(sparsifier_t& e) { e.set_schedule(gflow::plan::density_schedule::constant(1.0)); };
+  static constexpr bool is_topk = requires(sparsifier_t& e) { e.set_schedule(gflow::density_schedule::constant(1.0)); };
   static constexpr bool wide_wire = std::is_same_v<typename Ex::wire_type, float>;
   // Residual-keeping sparsifiers hold gradients across iterations in the units they were fed:
   // a scale that changes would mix units, so they accept only a constant scale.
   static constexpr bool keeps_residual = is_csc || is_topk;
 };
 
-/// CSC: momentum correction and a dense warm-up then a linear ramp; TopK/GTopK/OkTopK: paper 003's
+/// CSC: momentum correction and a dense warm-up then a linear ramp; TopK/GTopK/OkTopK: gTop-k (Shi et al.)'s
 /// warm-up densities compressed into the warm-up. `iters_per_epoch` sets the default warm-up.
 template <class Ex>
 void configure_sparsifier(Ex& ex, const options& o, std::size_t iters_per_epoch) {
@@ -40,10 +40,10 @@ void configure_sparsifier(Ex& ex, const options& o, std::size_t iters_per_epoch)
   if constexpr (tr::is_topk) {
     const double final_d = ex.sparsifier().density();
     if (warmup >= 3) {
-      std::vector<gflow::plan::density_step> steps;
+      std::vector<gflow::density_step> steps;
       for (double d : {0.25, 0.0725, 0.015})
         if (d > final_d) steps.push_back({(steps.size() + 1) * (warmup / 3), d});
-      ex.sparsifier().set_schedule(gflow::plan::density_schedule::per_iteration(steps, final_d));
+      ex.sparsifier().set_schedule(gflow::density_schedule::per_iteration(steps, final_d));
     }
   }
 }

@@ -15,9 +15,9 @@
 
 #include <gflow/error.hpp>
 #include <gflow/optim/lars.hpp>
-// layering: plan/pool.hpp: the model's parameters are laid out in the exchanger's pool order
-// (plan::plan_pool), so the optimizers step on the exchanged pool in place, without the exchanger.
-#include <gflow/plan/pool.hpp>
+// The model's parameters are laid out in the exchanger's pool order (gflow::plan_pool), so the
+// optimizers step on the exchanged pool in place, without the exchanger.
+#include <gflow/pool.hpp>
 
 #include "trainer.hpp"
 
@@ -144,7 +144,7 @@ session::session(const options& o, gflow::mpi::transport& comm, std::string name
   s.ipe = s.shard.size() / o.batch;
 
   // Parameters in pool order; He initialisation from the seed, identical on every rank.
-  const auto plan = gflow::plan::plan_pool(s.layout);
+  const auto plan = gflow::plan_pool(s.layout);
   s.off.assign(plan.offset.begin(), plan.offset.end());
   s.params.assign(plan.total, 0.0f);
   std::mt19937_64 init(o.seed ^ 0x9e3779b97f4a7c15ull);
@@ -245,7 +245,7 @@ void session::prepare_gradients(std::span<float> g, float inv_scale) {
     for (float& v : g) v *= inv_scale;
   const gflow::optim::lars lars({s.o.lars > 0 ? s.o.lars : 1.0f, s.o.weight_decay});
   for (std::size_t i = 0; i < s.layout.size(); ++i) {
-    const bool weight = (i % 2) == 0;  // no decay on biases (paper 001)
+    const bool weight = (i % 2) == 0;  // no decay on biases (Jia et al.)
     const std::span<const float> w{s.w(i), s.layout[i].numel};
     const std::span<float> gi{g.data() + s.off[i], s.layout[i].numel};
     if (s.o.lars > 0) lars.apply(w, gi, weight ? s.o.weight_decay : 0.0f);

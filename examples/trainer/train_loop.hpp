@@ -34,7 +34,7 @@ void train(session& s) {
   for (std::size_t i = 0; i < s.layout().size(); ++i)
     if (ex.pool_plan().offset[i] != s.offsets()[i])
       throw gflow::usage_error("pool", "the exchanger's pool order differs from the model's parameter layout.",
-                               "build the model's parameter buffer with gflow::plan::plan_pool(layout).");
+                               "build the model's parameter buffer with gflow::plan_pool(layout).");
 
   configure_sparsifier(ex, o, s.iterations_per_epoch());
   gflow::optim::dynamic_loss_scale scaler(loss_scale_for<exchanger_t>(o));

@@ -75,7 +75,7 @@ dataset load_fashion_mnist(const std::string& dir, std::size_t train_limit = 0);
 
 // ---- the model -------------------------------------------------------------------------------
 /// MLP 784-256-128-10, ReLU, softmax cross-entropy. Parameters live in ONE pool-shaped buffer
-/// (the exchanger's pool order, plan::plan_pool), so the optimizers, CSC's chunk-wise step and
+/// (the exchanger's pool order, gflow::plan_pool), so the optimizers, CSC's chunk-wise step and
 /// elastic averaging see the model as one contiguous array.
 gflow::Layout mlp_layout();
 

@@ -1,5 +1,5 @@
 #pragma once
-// Synchronous elastic averaging SGD (Sync EASGD; paper 004, equations 1-2): an exchange of
+// Synchronous elastic averaging SGD (Sync EASGD; You et al., equations 1-2): an exchange of
 // weights rather than gradients. Every rank keeps its own weights W^i and a copy of the center
 // weight C; each iteration
 //
@@ -8,7 +8,7 @@
 //   C_{t+1}   = C_t + lr * rho * (S - P * C_t)    = C_t + lr * sum_i rho * (W^i_t - C_t)   (2)
 //
 // S is identical on every rank, so every rank's copy of C stays identical (the paper's master
-// is replicated; no broadcast is needed). With momentum mu > 0 the local update is paper 004's
+// is replicated; no broadcast is needed). With momentum mu > 0 the local update is You et al.'s
 // equations 5-6 (MEASGD): V = mu * V - lr * g;  W = W + V - lr * rho * (W - C).
 //
 //   gflow::elastic_averager<gflow::mpi::transport> ea(comm, weights, /*rho=*/0.9f / (lr * P));
@@ -17,7 +17,7 @@
 // Stability: (2) is C_{t+1} = (1 - lr*rho*P) C_t + lr*rho*S, a convex combination only when
 // lr * rho * P <= 1; step() rejects larger values (Zhang et al. suggest lr * rho * P = 0.9).
 // Host memory, fp32 on the wire; weights must be one contiguous buffer (the "single-layer
-// layout" of paper 004 section 5.1), e.g. a pool-shaped parameter buffer.
+// layout" of You et al. section 5.1), e.g. a pool-shaped parameter buffer.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -48,7 +48,7 @@ class elastic_averager {
     set_rho(rho);
     if (!(momentum >= 0.0f && momentum < 1.0f))
       throw invalid_argument("momentum", fmt::format("the EASGD momentum must lie in [0, 1) (got {:f}).", momentum),
-                             "pass 0 for paper 004's equations 1-2 or e.g. 0.9 for MEASGD (equations 5-6).");
+                             "pass 0 for You et al.'s equations 1-2 or e.g. 0.9 for MEASGD (equations 5-6).");
     momentum_ = momentum;
     t_->all_reduce(center_.data(), center_.size(), reduce_op::sum);
     const float inv = 1.0f / static_cast<float>(t_->size());

@@ -26,27 +26,38 @@
 #include <utility>
 #include <vector>
 
-#include "engines/concepts.hpp"
-#include "support/checkpoint.hpp"
-#include "exchanger/consistency.hpp"
-#include "exchanger/options.hpp"
-#include "engines/context.hpp"
-#include "engines/host_backend.hpp"
-#include "exchanger/runners.hpp"
-#include "exchanger/iteration.hpp"
-#include "exchanger/training_loop.hpp"
-#include "exchanger/policy_set.hpp"
+#include "extension.hpp"
+#include "pool.hpp"
+#include "detail/support/checkpoint.hpp"
+#include "detail/exchanger/consistency.hpp"
+#include "options.hpp"
+#include "detail/engines/context.hpp"
+#include "detail/engines/host_backend.hpp"
+#include "detail/exchanger/runners.hpp"
+#include "detail/exchanger/iteration.hpp"
+#include "detail/exchanger/training_loop.hpp"
+#include "detail/exchanger/state_io.hpp"
+#include "detail/exchanger/policy_set.hpp"
 #include "error.hpp"
 #include "layout.hpp"
-#include "plan/buckets.hpp"
-#include "plan/pool.hpp"
+#include "detail/plan/buckets.hpp"
+#include "detail/plan/pool.hpp"
 #include "replicas.hpp"
 #include "timeline.hpp"
-#include "tuner.hpp"
+#include "detail/exchanger/tuner.hpp"
 #include "transport/transport.hpp"
 
 namespace gflow {
 
+/// The fusion auto-tuner of a Fusion<Auto> composition, as Exchanger::tuner() shows it: phase(),
+/// the fitted alpha-beta, retunes() (docs/GUIDE.md, "Fusion<Auto>").
+using fusion_tuner = detail::fusion_tuner;
+/// The scope ex.no_sync() returns (gradient accumulation): move-only; scopes nest.
+using no_sync_scope = detail::no_sync_scope;
+
+namespace detail {
+
+// The exchanger object; users spell it Exchanger<Policies...>::on<T> (below).
 template <class T, class Set>
 class basic_exchanger : private detail::iteration_state {
   static_assert(transport<T>,
@@ -68,14 +79,14 @@ class basic_exchanger : private detail::iteration_state {
   using runner_t = detail::runner_for<typename Set::overlap::strategy, context_t, sparsifier_t>;
   // The built-in engines are asserted where they are defined; these fire for one's own.
   static_assert(detail::backend_for_transport<backend, T>,
-                "gflow::Exchanger: the memory space's backend does not meet gflow::detail::backend_for_transport "
-                "(include/gflow/engines/concepts.hpp): give it every kernel the concept lists and a context built from T&.");
+                "gflow::Exchanger: this memory space has no complete set of gflow's kernels. Use a transport over "
+                "gflow::host_memory or gflow::device_memory (the latter from a .cu file that includes <gflow/cuda/exchanger.cuh>).");
   static_assert(detail::topology_engine<engine_t, T, wire_t>,
-                "gflow::Exchanger: Topology<A>::engine<T> is not a topology engine. Give it what gflow::detail::topology_engine "
-                "lists (include/gflow/engines/concepts.hpp): a constructor from T&, run / start for float and the wire type, wait(request&).");
+                "gflow::Exchanger: Topology<A>::engine<T> is not a topology engine. Give it what gflow::topology_engine "
+                "lists (<gflow/extension.hpp>, docs/GUIDE.md): a constructor from T&, run / start for float and the wire type, wait(request&).");
   static_assert(detail::sparsifier_engine<sparsifier_t, context_t>,
-                "gflow::Exchanger: Sparsifier<S>::engine<Ctx> is not a sparsifier engine. Give it what gflow::detail::sparsifier_engine "
-                "lists (include/gflow/engines/concepts.hpp): a constructor from Ctx&, replan, exchange(b), end_iteration, wire_bytes, "
+                "gflow::Exchanger: Sparsifier<S>::engine<Ctx> is not a sparsifier engine. Give it what gflow::sparsifier_engine "
+                "lists (<gflow/extension.hpp>, docs/GUIDE.md): a constructor from Ctx&, replan, exchange(b), end_iteration, wire_bytes, "
                 "save_state / read_state / restore_state.");
 
  public:
@@ -84,7 +95,7 @@ class basic_exchanger : private detail::iteration_state {
   using wire_type = wire_t;
 
   basic_exchanger(T& t, Layout layout, exchange_options opt = {})
-      : detail::iteration_state(layout.size(), t.size(), opt.learn_order), t_(&t), layout_(verified(t, std::move(layout), opt)), opt_(opt), pool_(plan::plan_pool(layout_)),
+      : detail::iteration_state(layout.size(), t.size(), opt.learn_order), t_(&t), layout_(verified(t, std::move(layout), opt)), opt_(opt), pool_(detail::plan::plan_pool(layout_)),
         grads_(pool_.total), kernels_(t), engine_(t) {
     plan(opt_.threshold_bytes.value_or(Set::fusion::threshold_bytes),
          opt_.first_bucket_bytes.value_or(Set::fusion::first_bucket_bytes), /*allow_zero=*/!opt_.threshold_bytes);
@@ -177,11 +188,17 @@ class basic_exchanger : private detail::iteration_state {
     return no_sync_scope(no_sync_depth_);
   }
 
+  // join()'s constraint: its name is what the compiler prints when join() is called on a sparse composition.
+  static constexpr bool join_needs_a_dense_sparsifier_as_residuals_cannot_be_shadowed = Set::sparsifier::dense;
   /// Uneven inputs (exchange_options::uneven_inputs): a rank out of data calls join(); it shadows
   /// the others' iterations with zeros (they average over the ranks that contributed) until every
-  /// rank has called it. A template: explicit instantiations of sparse compositions leave it out.
-  template <int = 0>
-  join_status join() { return detail::training_loop::join(*this); }
+  /// rank has called it. Sparsifier<Dense> only: a sparse scheme keeps a residual per rank, which
+  /// a joined rank could neither send nor drop (the constraint names why when it fails).
+  join_status join()
+    requires join_needs_a_dense_sparsifier_as_residuals_cannot_be_shadowed
+  {
+    return detail::training_loop::join(*this);
+  }
 
   /// Counts the re-layouts of the pool (learn_order, load_state): views obtained before a change
   /// of generation() point at other tensors' gradients; take them again.
@@ -197,8 +214,8 @@ class basic_exchanger : private detail::iteration_state {
   }
 
   [[nodiscard]] const Layout& layout() const noexcept { return layout_; }
-  [[nodiscard]] const plan::pool_plan& pool_plan() const noexcept { return pool_; }
-  [[nodiscard]] const std::vector<plan::bucket>& buckets() const noexcept { return buckets_; }
+  [[nodiscard]] const gflow::pool_plan& pool_plan() const noexcept { return pool_; }
+  [[nodiscard]] const std::vector<bucket>& buckets() const noexcept { return buckets_; }
   [[nodiscard]] std::size_t threshold_bytes() const noexcept { return threshold_; }
   [[nodiscard]] std::size_t first_bucket_bytes() const noexcept { return first_bucket_; }
   [[nodiscard]] std::uint64_t iteration() const noexcept { return iteration_; }
@@ -234,10 +251,10 @@ class basic_exchanger : private detail::iteration_state {
     else return trace_;
   }
 
-  // ---- auto-tuner (Fusion<Auto>, gflow/tuner.hpp) --------------------------------------------------
+  // ---- auto-tuner (Fusion<Auto>, gflow/detail/exchanger/tuner.hpp) --------------------------------------------------
   static constexpr bool autotuned = requires { requires Set::fusion::autotuned; };
   /// The tuner (Fusion<Auto> only): its phase, fitted alpha-beta and retune count.
-  [[nodiscard]] const detail::fusion_tuner& tuner() const noexcept
+  [[nodiscard]] const fusion_tuner& tuner() const noexcept
     requires autotuned
   {
     return *tuner_;
@@ -249,27 +266,7 @@ class basic_exchanger : private detail::iteration_state {
   /// threshold, the sparsifier's residuals, CSC history, selection, norms and settings, Top-k
   /// schedules), in gflow's versioned binary format (support/checkpoint.hpp). Between iterations
   /// only (usage_error otherwise); every rank saves its own (residuals differ per rank).
-  void save_state(std::ostream& out) const {
-    between_iterations("save_state");
-    outside_accumulation("save_state");
-    detail::checkpoint_writer w(out);
-    detail::write_checkpoint_header(w, identity_for_checkpoint());
-    w.tag(detail::section_tag("EXCH"));
-    w.u64(iteration_);
-    w.u64(threshold_);
-    w.u64(first_bucket_);
-    write_order(w, pool_.tensor_at);
-    w.tag(detail::section_tag("TOPO"));
-    if constexpr (topology_has_state) engine_.save_state(w);
-    w.tag(detail::section_tag("SPRS"));
-    sparsifier_->save_state(w);
-    if constexpr (autotuned) {  // only Fusion<Auto> compositions have this section
-      w.tag(detail::section_tag("TUNE"));
-      tuner_->save_state(w);
-    }
-    w.checksum();
-    w.finish();
-  }
+  void save_state(std::ostream& out) const { detail::state_io::save(*this, out); }
 
   /// Restores what save_state wrote on the same rank, in a job of the same size (another size:
   /// gflow::load_resharded, <gflow/reshard.hpp>), into an exchanger of the same layout and
@@ -277,55 +274,11 @@ class basic_exchanger : private detail::iteration_state {
   /// A truncated or corrupt checkpoint raises parse_error, one of another layout, composition,
   /// rank or size mismatch_error naming what differs; the exchanger is then unchanged (the
   /// whole checkpoint is read and validated before anything is applied).
-  void load_state(std::istream& in) {
-    between_iterations("load_state");
-    outside_accumulation("load_state");
-    detail::checkpoint_reader r(in);
-    detail::read_checkpoint_header(r, identity_for_checkpoint(), layout_);
-    r.expect_tag(detail::section_tag("EXCH"), "EXCH");
-    const std::uint64_t iteration = r.u64("iteration");
-    const std::uint64_t threshold = r.u64("threshold_bytes");
-    const std::uint64_t first = r.u64("first_bucket_bytes");
-    const saved_order saved = read_order(r);
-    r.expect_tag(detail::section_tag("TOPO"), "TOPO");
-    auto topo = [&] {
-      if constexpr (topology_has_state) return engine_.read_state(r);
-      else return 0;
-    }();
-    r.expect_tag(detail::section_tag("SPRS"), "SPRS");
-    auto sparse = sparsifier_->read_state(r);
-    auto tuned = [&] {
-      if constexpr (autotuned) {
-        r.expect_tag(detail::section_tag("TUNE"), "TUNE");
-        return tuner_->read_state(r);
-      } else {
-        return 0;
-      }
-    }();
-    r.verify_checksum("payload");
-    check_order_option(saved);
-    const std::vector<std::size_t> order = saved.order.empty() ? plan::reverse_order(layout_.size()) : saved.order;
-    // Everything is read and valid: apply it.
-    if (threshold != threshold_ || first != first_bucket_ || order != pool_.tensor_at) {
-      threshold_ = static_cast<std::size_t>(threshold);
-      first_bucket_ = static_cast<std::size_t>(first);
-      detail::training_loop::relayout(*this, order);
-    }
-    learning_ = opt_.learn_order && saved.order.empty();
-    if constexpr (topology_has_state) engine_.restore_state(topo);
-    else (void)topo;
-    sparsifier_->restore_state(std::move(sparse));
-    iteration_ = iteration;
-    if constexpr (autotuned) {
-      tuner_->restore_state(tuned);
-      apply(tuner_->current());
-    } else {
-      (void)tuned;
-    }
-  }
+  void load_state(std::istream& in) { detail::state_io::load(*this, in); }
 
  private:
   friend struct detail::training_loop;
+  friend struct detail::state_io;
   // The cross-rank check (exchanger/consistency.hpp), run first: before the topology's splits or
   // any other collective, so ranks that disagree fail instead of hanging.
   static Layout verified(T& t, Layout layout, const exchange_options& opt) {
@@ -351,7 +304,7 @@ class basic_exchanger : private detail::iteration_state {
                              "pass a byte count such as 4 << 20; to exchange one collective per tensor, leave Fusion out.");
     threshold_ = threshold;
     first_bucket_ = first;
-    buckets_ = plan::plan_buckets(layout_, pool_, {sizeof(wire_t), threshold, first});
+    buckets_ = detail::plan::plan_buckets(layout_, pool_, {sizeof(wire_t), threshold, first});
   }
 
   void check_index(std::size_t i, const char* where) const { iteration_state::check_index(layout_, i, where); }
@@ -420,11 +373,11 @@ class basic_exchanger : private detail::iteration_state {
   T* t_;
   Layout layout_;
   exchange_options opt_;
-  plan::pool_plan pool_;
+  detail::plan::pool_plan pool_;
   typename backend::template buffer<float> grads_;
   typename backend::context kernels_;
   engine_t engine_;
-  std::vector<plan::bucket> buckets_;
+  std::vector<detail::plan::bucket> buckets_;
   context_t cx_{};
   std::optional<sparsifier_t> sparsifier_;
   std::optional<runner_t> runner_;  // last: its issuing threads stop before anything they use goes
@@ -439,12 +392,14 @@ class basic_exchanger : private detail::iteration_state {
   std::size_t tuned_mark_ = 0;
 };
 
+}  // namespace detail
+
 /// A policy composition. `Exchanger<...>::on<Transport>` is the object a trainer uses.
 template <class... Policies>
 struct Exchanger {
   using policies = detail::policy_set<Policies...>;
   template <class T>
-  using on = basic_exchanger<T, policies>;
+  using on = detail::basic_exchanger<T, policies>;
 };
 
 }  // namespace gflow

@@ -34,9 +34,9 @@
 
 #include "dtype.hpp"
 #include "error.hpp"
-#include "exchanger/consistency.hpp"
+#include "detail/exchanger/consistency.hpp"
 #include "layout.hpp"
-#include "support/fingerprint.hpp"
+#include "detail/support/fingerprint.hpp"
 #include "transport/transport.hpp"
 
 namespace gflow {

@@ -23,11 +23,43 @@
 #include <vector>
 
 #include "error.hpp"
-#include "support/checkpoint.hpp"
-#include "support/fingerprint.hpp"
-#include "support/reshard.hpp"
+#include "detail/support/checkpoint.hpp"
+#include "detail/support/fingerprint.hpp"
+#include "detail/support/reshard.hpp"
 
 namespace gflow {
+
+/// What a re-shard needs besides the checkpoints: average (the default, as exchange_options::average)
+/// scales residuals by P'/P; false only adds them.
+using reshard_options = detail::reshard_options;
+
+/// Rewrites the checkpoints of a job of P ranks (`old`: one stream per rank, any order, each
+/// positioned at the start of a checkpoint) as rank new_rank's checkpoint of a job of new_size
+/// ranks, written to `out`; load it with load_state. Everything is read and validated first:
+/// a truncated or corrupt checkpoint raises parse_error; a missing or duplicate rank, or ranks of
+/// jobs of different sizes, invalid_argument; checkpoints of different iterations (mixed
+/// generations) or of different exchangers mismatch_error. Nothing is written then.
+inline void reshard_checkpoint(std::span<std::istream* const> old, int new_rank, int new_size, std::ostream& out, reshard_options opt = {}) {
+  detail::check_new_shape(new_rank, new_size);
+  const std::vector<detail::checkpoint_image> imgs = detail::read_set(old);
+  const auto set = detail::order_set(imgs);
+  detail::write_resharded(set, static_cast<std::uint32_t>(new_rank), static_cast<std::uint32_t>(new_size), opt, out);
+}
+
+/// The whole new set at once: new_size checkpoints, out[r'] for new rank r' (the tool's path).
+inline std::vector<std::string> reshard_checkpoints(std::span<std::istream* const> old, int new_size, reshard_options opt = {}) {
+  detail::check_new_shape(0, new_size);
+  const std::vector<detail::checkpoint_image> imgs = detail::read_set(old);
+  const auto set = detail::order_set(imgs);
+  std::vector<std::string> out;
+  for (int r = 0; r < new_size; ++r) {
+    std::ostringstream os(std::ios::binary);
+    detail::write_resharded(set, static_cast<std::uint32_t>(r), static_cast<std::uint32_t>(new_size), opt, os);
+    out.push_back(os.str());
+  }
+  return out;
+}
+
 
 /// Loads this rank's share of the checkpoints of a job of P ranks (`old`: one stream per old
 /// rank, any order) into `ex`, a rank of a job of P' ranks (its transport's rank and size; P' may
@@ -37,11 +69,11 @@ namespace gflow {
 /// over; with P' != P a Fusion<Auto> tuner settles again. Every stream is read and validated
 /// before anything is applied: another layout or composition raises load_state's
 /// mismatch_error, a bad set the errors of reshard_checkpoint; ex is then unchanged.
-template <class Exchanger>
-void load_resharded(Exchanger& ex, std::span<std::istream* const> old) {
+template <class Ex>
+void load_resharded(Ex& ex, std::span<std::istream* const> old) {
   const int rank = ex.transport().rank(), size = ex.transport().size();
   const detail::checkpoint_identity mine =
-      detail::make_checkpoint_identity<typename Exchanger::policies>(ex.layout(), rank, size, ex.pool_size());
+      detail::make_checkpoint_identity<typename Ex::policies>(ex.layout(), rank, size, ex.pool_size());
   const std::vector<detail::checkpoint_image> imgs = detail::read_set(old, &mine, &ex.layout());
   const auto set = detail::order_set(imgs);
   std::stringstream buf(std::ios::in | std::ios::out | std::ios::binary);
@@ -68,8 +100,8 @@ inline std::vector<std::istream*> pointers(const std::vector<std::unique_ptr<std
 }  // namespace detail
 
 /// load_resharded from files (one per old rank, any order).
-template <class Exchanger>
-void load_resharded(Exchanger& ex, const std::vector<std::filesystem::path>& files) {
+template <class Ex>
+void load_resharded(Ex& ex, const std::vector<std::filesystem::path>& files) {
   const auto in = detail::open_all(files);
   const auto p = detail::pointers(in);
   load_resharded(ex, std::span<std::istream* const>(p));
@@ -104,8 +136,8 @@ inline std::filesystem::path checkpoint_set_dir(const std::filesystem::path& roo
 
 /// Saves this rank's state (save_state) to checkpoint_file(checkpoint_set_dir(root, iteration), rank),
 /// atomically; every rank calls it between the same iterations. Returns the file written.
-template <class Exchanger>
-std::filesystem::path save_checkpoint(const Exchanger& ex, const std::filesystem::path& root) {
+template <class Ex>
+std::filesystem::path save_checkpoint(const Ex& ex, const std::filesystem::path& root) {
   std::ostringstream os(std::ios::binary);
   ex.save_state(os);
   const std::filesystem::path dir = checkpoint_set_dir(root, ex.iteration());
@@ -146,8 +178,8 @@ inline std::vector<std::filesystem::path> newest_checkpoint_set(const std::files
 /// Loads the newest complete set under `root` into `ex`: load_state of this rank's own file when
 /// the job has the saving job's size, load_resharded otherwise. Returns the iteration it resumes
 /// at; throws invalid_argument("root") when `root` holds no complete set.
-template <class Exchanger>
-std::uint64_t load_checkpoint(Exchanger& ex, const std::filesystem::path& root) {
+template <class Ex>
+std::uint64_t load_checkpoint(Ex& ex, const std::filesystem::path& root) {
   const std::vector<std::filesystem::path> files = newest_checkpoint_set(root);
   if (files.empty())
     throw invalid_argument("root", "'" + root.string() + "' holds no complete checkpoint set (iter-<n>/rank-<r>.gflow for every rank r).",

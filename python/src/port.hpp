@@ -126,7 +126,7 @@ class port_for final : public port {
   using set = typename exchanger_t::policies;
   using sparsifier_t = std::remove_cvref_t<decltype(std::declval<exchanger_t&>().sparsifier())>;
   static constexpr bool is_csc = requires(sparsifier_t& e) { e.selected_chunks(); e.set_warmup(1, 1); };
-  static constexpr bool is_topk = requires(sparsifier_t& e) { e.set_schedule(plan::density_schedule::constant(1.0)); };
+  static constexpr bool is_topk = requires(sparsifier_t& e) { e.set_schedule(gflow::detail::plan::density_schedule::constant(1.0)); };
 
   port_for(mpi::transport& t, Layout layout, exchange_options o) : ex_(t, std::move(layout), o) {}
 
@@ -184,10 +184,10 @@ class port_for final : public port {
     if constexpr (is_topk) {
       const double final_d = ex_.sparsifier().density();
       if (warmup >= 3) {
-        std::vector<plan::density_step> steps;
+        std::vector<gflow::detail::plan::density_step> steps;
         for (double d : {0.25, 0.0725, 0.015})
           if (d > final_d) steps.push_back({(steps.size() + 1) * (warmup / 3), d});
-        ex_.sparsifier().set_schedule(plan::density_schedule::per_iteration(steps, final_d));
+        ex_.sparsifier().set_schedule(gflow::detail::plan::density_schedule::per_iteration(steps, final_d));
       }
     }
     (void)momentum;

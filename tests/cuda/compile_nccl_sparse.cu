@@ -15,14 +15,14 @@ using oktopk_ex = gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.001>>, fp16
 // The training-loop features on device memory (no_sync, find_unused, learn_order, join): dense.
 using dense_ex = gflow::Exchanger<fp16, gflow::Fusion<(1 << 20)>, gflow::Overlap<gflow::Funneled>>::on<T>;
 }  // namespace gflow_compile
-template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::dense_ex::policies>;
-template gflow::join_status gflow::basic_exchanger<gflow_compile::T, gflow_compile::dense_ex::policies>::join<0>();
+// Every member, join() included (its constraint leaves it out of the sparse instantiations below).
+template class gflow::detail::basic_exchanger<gflow_compile::T, gflow_compile::dense_ex::policies>;
 
-template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::topk_ex::policies>;
-template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::gtopk_ex::policies>;
-template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::csc_ex::policies>;
-template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::gtopk_fused_ex::policies>;
-template class gflow::basic_exchanger<gflow_compile::T, gflow_compile::oktopk_ex::policies>;
+template class gflow::detail::basic_exchanger<gflow_compile::T, gflow_compile::topk_ex::policies>;
+template class gflow::detail::basic_exchanger<gflow_compile::T, gflow_compile::gtopk_ex::policies>;
+template class gflow::detail::basic_exchanger<gflow_compile::T, gflow_compile::csc_ex::policies>;
+template class gflow::detail::basic_exchanger<gflow_compile::T, gflow_compile::gtopk_fused_ex::policies>;
+template class gflow::detail::basic_exchanger<gflow_compile::T, gflow_compile::oktopk_ex::policies>;
 
 // The engines themselves, every member (the exchanger instantiates only what it calls).
 namespace gflow_compile {

@@ -1,9 +1,9 @@
-// Device cast kernels (include/gflow/cuda/cast.cuh) against the host kernels
-// (include/gflow/kernels/cast.hpp), which tests/test_cast.cpp checks against CUDA's own host
+// Device cast kernels (include/gflow/detail/cuda/cast.cuh) against the host kernels
+// (include/gflow/detail/kernels/cast.hpp), which tests/test_cast.cpp checks against CUDA's own host
 // conversions and a reference rounding. Bitwise, except where fp32 arithmetic makes a NaN: the
 // GPU returns the canonical NaN, x86 propagates the operand's payload, so there both must be NaN.
-#include <gflow/cuda/cast.cuh>
-#include <gflow/kernels/cast.hpp>
+#include <gflow/detail/cuda/cast.cuh>
+#include <gflow/detail/kernels/cast.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -23,8 +23,8 @@ using gflow_cuda_test::ok;
 // Aliases, not using-declarations: <cuda_fp16.h> declares a global ::half (typedef of __half).
 using f16 = gflow::half;
 using bf16 = gflow::bfloat16;
-namespace k = gflow::kernels;
-namespace gc = gflow::cuda;
+namespace k = gflow::detail::kernels;
+namespace gc = gflow::detail::cuda;
 
 float fb(std::uint32_t u) { return std::bit_cast<float>(u); }
 std::uint32_t bits(float f) { return std::bit_cast<std::uint32_t>(f); }

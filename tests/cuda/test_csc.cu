@@ -1,10 +1,10 @@
-// CSC's device kernels (include/gflow/cuda/sparse_chunks.cuh, include/gflow/cuda/momentum_sgd.cuh)
-// against the host references (include/gflow/kernels/sparse_chunks.hpp,
+// CSC's device kernels (include/gflow/detail/cuda/sparse_chunks.cuh, include/gflow/detail/cuda/momentum_sgd.cuh)
+// against the host references (include/gflow/detail/kernels/sparse_chunks.hpp,
 // include/gflow/optim/momentum_sgd.hpp): element-wise results and the selection bit for bit, L1
 // norms to a relative 1e-6 (a different summation order in double, rounded to float).
-#include <gflow/cuda/momentum_sgd.cuh>
-#include <gflow/cuda/sparse_chunks.cuh>
-#include <gflow/kernels/sparse_chunks.hpp>
+#include <gflow/detail/cuda/momentum_sgd.cuh>
+#include <gflow/detail/cuda/sparse_chunks.cuh>
+#include <gflow/detail/kernels/sparse_chunks.hpp>
 #include <gflow/optim/momentum_sgd.hpp>
 
 #include <algorithm>
@@ -24,8 +24,8 @@ namespace {
 using gflow_cuda_test::ok;
 using gflow_cuda_test::dbuf;
 
-namespace gc = gflow::cuda;
-namespace hk = gflow::kernels;
+namespace gc = gflow::detail::cuda;
+namespace hk = gflow::detail::kernels;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

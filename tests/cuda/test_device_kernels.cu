@@ -3,10 +3,10 @@
 // engine kernels (cuda/topk_engine.cuh), including the message checker on every kind of corrupt
 // message (its verdict must be the host's kernels::unpack_checked, field for field). Floats are
 // compared bit for bit except NaN payloads (CUDA returns the canonical NaN; see same_floats).
-#include <gflow/cuda/sparse_chunks.cuh>
-#include <gflow/cuda/topk_engine.cuh>
-#include <gflow/kernels/sparse_chunks.hpp>
-#include <gflow/kernels/topk.hpp>
+#include <gflow/detail/cuda/sparse_chunks.cuh>
+#include <gflow/detail/cuda/topk_engine.cuh>
+#include <gflow/detail/kernels/sparse_chunks.hpp>
+#include <gflow/detail/kernels/topk.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -24,8 +24,8 @@ namespace {
 
 using gflow_cuda_test::dbuf;
 using gflow_cuda_test::ok;
-namespace gc = gflow::cuda;
-namespace hk = gflow::kernels;
+namespace gc = gflow::detail::cuda;
+namespace hk = gflow::detail::kernels;
 
 template <class T>
 bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
@@ -100,12 +100,12 @@ template <class I, class W>
 void checker_case(const std::vector<unsigned char>& msg, std::size_t k, std::uint64_t lo, std::uint64_t hi, const char* name) {
   std::vector<I> hi_idx(k + 1);
   std::vector<W> hi_val(k + 1);
-  const gflow::sparse_message::unpack_result want = hk::unpack_checked(msg.data(), k, lo, hi, hi_idx.data(), hi_val.data());
+  const gflow::detail::sparse_message::unpack_result want = hk::unpack_checked(msg.data(), k, lo, hi, hi_idx.data(), hi_val.data());
   dbuf<unsigned char> dmsg(msg);
   dbuf<I> didx(k + 1);
   dbuf<W> dval(k + 1);
   gc::message_checker checker;
-  const gflow::sparse_message::unpack_result got = checker.check(dmsg.p, k, lo, hi, didx.p, dval.p, nullptr);
+  const gflow::detail::sparse_message::unpack_result got = checker.check(dmsg.p, k, lo, hi, didx.p, dval.p, nullptr);
   EXPECT_MSG(got.fault == want.fault && got.count == want.count && got.position == want.position && got.bad_index == want.bad_index &&
                  got.header.status == want.header.status && got.header.count == want.header.count,
              std::string("message checker, ") + name + ": verdict differs from kernels::unpack_checked");
@@ -124,9 +124,9 @@ void checker_cases() {
   std::vector<I> idx = {101, 150, 151, 400, 999};
   std::vector<W> val(idx.size());
   for (std::size_t j = 0; j < val.size(); ++j) val[j] = hk::wire_cast<W>(static_cast<float>(j) - 2.5f);
-  auto make = [&](const std::vector<I>& ix, const std::vector<W>& vx, std::size_t count, gflow::sparse_message::header h = {}) {
-    std::vector<unsigned char> m(gflow::sparse_message::bytes(k, sizeof(I), sizeof(W)) + 3);  // +3: an odd offset below
-    gflow::sparse_message::pack(m.data() + 3, k, ix.data(), vx.data(), count, h);
+  auto make = [&](const std::vector<I>& ix, const std::vector<W>& vx, std::size_t count, gflow::detail::sparse_message::header h = {}) {
+    std::vector<unsigned char> m(gflow::detail::sparse_message::bytes(k, sizeof(I), sizeof(W)) + 3);  // +3: an odd offset below
+    gflow::detail::sparse_message::pack(m.data() + 3, k, ix.data(), vx.data(), count, h);
     return std::vector<unsigned char>(m.begin() + 3, m.end());
   };
   checker_case<I, W>(make(idx, val, idx.size()), k, lo, hi, "valid");
@@ -149,7 +149,7 @@ void checker_cases() {
   vb = val;
   vb[4] = hk::wire_cast<W>(std::numeric_limits<float>::quiet_NaN());
   checker_case<I, W>(make(bad, vb, idx.size()), k, lo, hi, "two faults: the first wins");
-  checker_case<I, W>(make(idx, val, idx.size(), gflow::sparse_message::header{0, 2, 1, 3, 0}), k, lo, hi, "status set upstream");
+  checker_case<I, W>(make(idx, val, idx.size(), gflow::detail::sparse_message::header{0, 2, 1, 3, 0}), k, lo, hi, "status set upstream");
 }
 
 }  // namespace

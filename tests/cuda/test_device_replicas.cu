@@ -4,7 +4,7 @@
 // bit on one rank is named on every rank. Compiled in CI; runs where a GPU is.
 #include <gflow/cuda/exchanger.cuh>
 #include <gflow/cuda/inproc_transport.cuh>
-#include <gflow/cuda/memory.cuh>
+#include <gflow/detail/cuda/memory.cuh>
 #include <gflow/transport/inproc.hpp>
 
 #include <cmath>
@@ -30,13 +30,13 @@ std::vector<float> values_for(const gflow::Layout& l, int rank) {
 }
 
 void to_device(float* d, const std::vector<float>& h, cudaStream_t s) {
-  gflow::cuda::check_cuda(cudaMemcpyAsync(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice, s), "H2D of replica values");
-  gflow::cuda::check_cuda(cudaStreamSynchronize(s), "sync");
+  gflow::detail::cuda::check_cuda(cudaMemcpyAsync(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice, s), "H2D of replica values");
+  gflow::detail::cuda::check_cuda(cudaStreamSynchronize(s), "sync");
 }
 std::vector<float> to_host(const float* d, std::size_t n, cudaStream_t s) {
   std::vector<float> h(n);
-  gflow::cuda::check_cuda(cudaMemcpyAsync(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, s), "D2H of replica values");
-  gflow::cuda::check_cuda(cudaStreamSynchronize(s), "sync");
+  gflow::detail::cuda::check_cuda(cudaMemcpyAsync(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, s), "D2H of replica values");
+  gflow::detail::cuda::check_cuda(cudaStreamSynchronize(s), "sync");
   return h;
 }
 
@@ -46,7 +46,7 @@ GFLOW_CUDA_TEST("device", replicas_device_fingerprints_match_host) {
   const gflow::Layout l = replica_layout();
   const std::vector<float> h = values_for(l, 0);
   gflow::inproc_device::run(1, [&](gflow::inproc_device::transport& t) {
-    gflow::cuda::device_array<float> d(h.size(), "replica values");
+    gflow::detail::cuda::device_array<float> d(h.size(), "replica values");
     to_device(d.get(), h, t.stream());
     std::vector<std::uint64_t> dev(l.size()), host(l.size());
     gflow::detail::replica_reader<gflow::device_memory>::fingerprints(t, d.get(), l, dev.data());
@@ -61,7 +61,7 @@ GFLOW_CUDA_TEST("device", replicas_device_broadcast_then_verify) {
     std::mutex m;
     std::vector<std::string> msgs(static_cast<std::size_t>(P));
     gflow::inproc_device::run(P, [&](gflow::inproc_device::transport& t) {
-      gflow::cuda::device_array<float> d(l.total_numel(), "replica values");
+      gflow::detail::cuda::device_array<float> d(l.total_numel(), "replica values");
       to_device(d.get(), values_for(l, t.rank()), t.stream());
       const std::span<float> dv(d.get(), l.total_numel());
       gflow::broadcast_parameters(t, dv, P - 1);

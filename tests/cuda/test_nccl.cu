@@ -28,7 +28,7 @@ using gflow_cuda_test::run_ranks;
 
 using f16 = gflow::half;
 using bf16 = gflow::bfloat16;
-namespace gc = gflow::cuda;
+namespace gc = gflow::detail::cuda;
 using gflow::nccl::transport;
 
 }  // namespace
@@ -104,11 +104,11 @@ GFLOW_CUDA_TEST("nccl", collectives_on_every_visible_device) {
     hh.put({f16{0x3c00}, f16{0x3800}});  // 1, 0.5
     t.all_reduce(hh.p, 2, gflow::reduce_op::sum);
     auto hs = hh.get();
-    EXPECT(gflow::kernels::to_float(hs[0]) == float(P) && gflow::kernels::to_float(hs[1]) == 0.5f * float(P));
+    EXPECT(gflow::detail::kernels::to_float(hs[0]) == float(P) && gflow::detail::kernels::to_float(hs[1]) == 0.5f * float(P));
     dbuf<bf16> bh(1);
     bh.put({bf16{0x3f80}});
     t.all_reduce(bh.p, 1, gflow::reduce_op::sum);
-    EXPECT(gflow::kernels::to_float(bh.get()[0]) == float(P));
+    EXPECT(gflow::detail::kernels::to_float(bh.get()[0]) == float(P));
 
     // a stream waits for a request without blocking the host
     cudaStream_t other = nullptr;

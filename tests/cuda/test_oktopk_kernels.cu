@@ -6,11 +6,11 @@
 // NaN: the device kernels give the host's (x86) NaN bits, so single-NaN sums and inf - inf are
 // compared bit for bit; NaN + NaN (where the host's own payload depends on its compiler) is kept
 // out of the data.
-#include <gflow/cuda/device_backend.cuh>
+#include <gflow/detail/cuda/device_backend.cuh>
 #include <gflow/cuda/inproc_transport.cuh>
-#include <gflow/cuda/oktopk.cuh>
-#include <gflow/engines/host_backend.hpp>
-#include <gflow/kernels/topk.hpp>
+#include <gflow/detail/cuda/oktopk.cuh>
+#include <gflow/detail/engines/host_backend.hpp>
+#include <gflow/detail/kernels/topk.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -30,8 +30,8 @@
 namespace {
 
 using gflow_cuda_test::ok;
-namespace gc = gflow::cuda;
-namespace hk = gflow::kernels;
+namespace gc = gflow::detail::cuda;
+namespace hk = gflow::detail::kernels;
 using gflow::detail::device_backend;
 using gflow::detail::host_backend;
 

@@ -1,9 +1,9 @@
-// Device Top-k kernels (include/gflow/cuda/topk.cuh) against the host references
-// (include/gflow/kernels/topk.hpp), which tests/test_topk.cpp checks against brute force.
+// Device Top-k kernels (include/gflow/detail/cuda/topk.cuh) against the host references
+// (include/gflow/detail/kernels/topk.hpp), which tests/test_topk.cpp checks against brute force.
 // Everything is compared bit for bit: selections (indices and order), wire values, residuals,
 // scatters, merges (kept list and records, counts).
-#include <gflow/cuda/topk.cuh>
-#include <gflow/kernels/topk.hpp>
+#include <gflow/detail/cuda/topk.cuh>
+#include <gflow/detail/kernels/topk.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -22,8 +22,8 @@ using gflow_cuda_test::ok;
 
 using f16 = gflow::half;
 using bf16 = gflow::bfloat16;
-namespace k = gflow::kernels;
-namespace gc = gflow::cuda;
+namespace k = gflow::detail::kernels;
+namespace gc = gflow::detail::cuda;
 
 
 template <class T>

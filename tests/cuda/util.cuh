@@ -10,13 +10,13 @@
 #include <thread>
 #include <vector>
 
-#include <gflow/cuda/check.cuh>
+#include <gflow/detail/cuda/check.cuh>
 
 #include "harness.cuh"
 
 namespace gflow_cuda_test {
 
-inline void ok(cudaError_t e, const char* what) { gflow::cuda::check_cuda(e, what); }
+inline void ok(cudaError_t e, const char* what) { gflow::detail::cuda::check_cuda(e, what); }
 
 inline int device_count() {
   int n = 0;

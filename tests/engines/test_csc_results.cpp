@@ -1,4 +1,4 @@
-// Sparsifier<CSC<chunk_elems, percent>> (paper 000 section 3.2, Algorithm 1) on in-process ranks: a
+// Sparsifier<CSC<chunk_elems, percent>> (GradientFlow (Sun et al.) section 3.2, Algorithm 1) on in-process ranks: a
 // hand-computed example, the accounting identity over 1000+ random iterations (16-bit wires
 // included), shared selection, the momentum-corrected history, edge cases, Overlap<Funneled>.
 #include <doctest/doctest.h>
@@ -428,7 +428,7 @@ TEST_CASE_TEMPLATE("CSC with percent 100 equals the Dense exchange bit for bit",
           for (std::size_t k = 0; k < n; ++k) {
             float want = 0.0f;
             if constexpr (narrow) {
-              want = g[k] - kernels::to_float(kernels::wire_cast<wt>(g[k] * scale)) * unscale;
+              want = g[k] - gflow::detail::kernels::to_float(gflow::detail::kernels::wire_cast<wt>(g[k] * scale)) * unscale;
               kept += want != 0.0f;
             }
             bad += std::memcmp(&want, &b.sparsifier().residual()[k], sizeof(float)) != 0;

@@ -37,13 +37,13 @@ void check_wire(const Layout& l, std::uint64_t warmup, int iters, unsigned perce
   using W = typename on_mock<E>::wire_type;
   const std::size_t nc = s.chunk_count();
   const std::size_t threshold = ex.threshold_bytes();
-  const auto ranges = plan::plan_chunk_ranges(s.geometry(), ex.buckets());
+  const auto ranges = gflow::detail::plan::plan_chunk_ranges(s.geometry(), ex.buckets());
   std::mt19937 rng(11);
   for (int it = 0; it < iters; ++it) {
     CAPTURE(it);
     m.calls().clear();
     const std::vector<std::uint32_t> sel(s.upcoming_chunks().begin(), s.upcoming_chunks().end());
-    const std::size_t expect_k = plan::csc_schedule{warmup, 0, percent}.selected(std::uint64_t(it), nc);
+    const std::size_t expect_k = gflow::detail::plan::csc_schedule{warmup, 0, percent}.selected(std::uint64_t(it), nc);
     CHECK(sel.size() == expect_k);
     for (std::size_t i = 0; i < l.size(); ++i)
       for (auto& x : ex.view(i)) x = std::uniform_real_distribution<float>(-1, 1)(rng) * float(1 + i % 3);
@@ -51,7 +51,7 @@ void check_wire(const Layout& l, std::uint64_t warmup, int iters, unsigned perce
     auto st = ex.finish();
     CHECK(st.finite());
     auto ar = m.calls().of(mock::op::all_reduce);
-    const bool norms_expected = plan::csc_schedule{warmup, 0, percent}.selected(std::uint64_t(it) + 1, nc) < nc || sel.size() < nc;
+    const bool norms_expected = gflow::detail::plan::csc_schedule{warmup, 0, percent}.selected(std::uint64_t(it) + 1, nc) < nc || sel.size() < nc;
     REQUIRE(ar.size() >= (norms_expected ? 1u : 0u));
     const std::size_t nchunk_ar = ar.size() - (norms_expected ? 1 : 0);
     std::size_t elems = 0, bytes = 0;

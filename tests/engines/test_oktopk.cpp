@@ -99,7 +99,7 @@ TEST_CASE("region reduction: the radix reduction sums each index in block order,
       for (std::size_t q = 0; q < at.size(); ++q)
         if (at[q] < from[q + 1] && (best == at.size() || idx[at[q]] < idx[at[best]])) best = q;
       if (best == at.size()) return out;
-      const float v = kernels::to_float(val[at[best]]);
+      const float v = gflow::detail::kernels::to_float(val[at[best]]);
       const auto i = static_cast<std::uint64_t>(idx[at[best]++]);
       if (!out.empty() && out.back().first == i) out.back().second += v;
       else out.push_back({i, v});
@@ -128,7 +128,7 @@ TEST_CASE("region reduction: the radix reduction sums each index in block order,
       for (std::uint64_t o : off) {
         idx.push_back(static_cast<I>(lo + o));
         const float v = rng() % 16 == 0 ? specials[rng() % 8] : static_cast<float>(static_cast<double>(rng() % 2000001) / 1000.0 - 1000.0);
-        val.push_back(kernels::wire_cast<W>(v));
+        val.push_back(gflow::detail::kernels::wire_cast<W>(v));
       }
       from.push_back(idx.size());
     }
@@ -338,7 +338,7 @@ TEST_CASE("residual rule: what the global selection drops stays with each contri
 TEST_CASE("wire: OkTopK's bytes per rank on threshold iterations stay within 6k(P-1)/P words, and below TopK's all_gather") {
   auto l = Layout::from_sizes({200000});
   const double d = 0.01;
-  const std::size_t k = plan::k_for(d, 200000);
+  const std::size_t k = gflow::detail::plan::k_for(d, 200000);
   for (int P : {4, 8, 16}) {
     CAPTURE(P);
     std::vector<std::size_t> bytes(16, 0);
@@ -356,7 +356,7 @@ TEST_CASE("wire: OkTopK's bytes per rank on threshold iterations stay within 6k(
       }
     });
     const double limit = 6.0 * static_cast<double>(k) * (P - 1) / P * 4.0;  // 4-byte words
-    const double topk = static_cast<double>(sparse_message::bytes(k, 4, 4)) * (P - 1);  // what TopK's ring all_gather sends per rank
+    const double topk = static_cast<double>(gflow::detail::sparse_message::bytes(k, 4, 4)) * (P - 1);  // what TopK's ring all_gather sends per rank
     for (int it = 1; it < 12; ++it) {
       CAPTURE(it);
       if (exact[static_cast<std::size_t>(it)]) continue;
@@ -528,7 +528,7 @@ TEST_CASE("schedules and views: OkTopK's k follows the density schedule; selecte
   std::vector<std::size_t> ks(6);
   inproc::run(2, [&](inproc::transport& t) {
     on_inproc<Exchanger<Sparsifier<OkTopK<0.01>>>> ex(t, l);
-    ex.sparsifier().set_schedule(plan::density_schedule::per_iteration({{2, 0.1}, {4, 0.05}}, 0.01));
+    ex.sparsifier().set_schedule(gflow::detail::plan::density_schedule::per_iteration({{2, 0.1}, {4, 0.05}}, 0.01));
     for (int it = 0; it < 6; ++it) {
       for (std::size_t i = 0; i < 1000; ++i) ex.pool_data()[i] = grad(0, t.rank(), i, it);
       ex.ready(0);
@@ -664,7 +664,7 @@ struct counted_run {
 /// warm-up, load the checkpoint saved before the first iteration (no boundaries estimated yet),
 /// so that the counted iterations estimate them again.
 template <class E>
-counted_run oktopk_allocations(int P, const Layout& l, int warm, int counted, const plan::density_schedule& sched, std::size_t index_bytes = 4,
+counted_run oktopk_allocations(int P, const Layout& l, int warm, int counted, const gflow::detail::plan::density_schedule& sched, std::size_t index_bytes = 4,
                                bool reload_initial = false) {
   detail::oktopk_params prm = short_periods();
   prm.threshold_period = 3;
@@ -719,9 +719,9 @@ counted_run oktopk_allocations(int P, const Layout& l, int warm, int counted, co
 
 TEST_CASE("an OkTopK iteration allocates nothing once warm, re-estimation iterations included (in-process; the transport's own allocations aside)") {
   auto l = Layout::from_sizes({1000, 3, 257, 4096, 1, 77, 512});
-  const auto constant = plan::density_schedule::constant(0.02);
+  const auto constant = gflow::detail::plan::density_schedule::constant(0.02);
   // k grows after the warm-up: buffers are sized for the schedule's largest density
-  const auto growing = plan::density_schedule::per_iteration({{8, 0.01}}, 0.03);
+  const auto growing = gflow::detail::plan::density_schedule::per_iteration({{8, 0.01}}, 0.03);
   auto check = [](const counted_run& r) {
     CHECK(r.allocations == 0);
     CHECK(r.local > 0);  // the counted iterations include exact local and global top-k,

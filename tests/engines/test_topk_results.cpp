@@ -28,7 +28,7 @@
 
 using namespace gflow;
 using namespace gflow_test;
-namespace k_ = gflow::kernels;
+namespace k_ = gflow::detail::kernels;
 
 // ---- results against brute-force references, P = 1..16 ---------------------------------------
 
@@ -66,7 +66,7 @@ TEST_CASE("in-process: TopK result cross-checked in float64 against the dense su
   for (int q = 0; q < P; ++q) {
     std::vector<float> g(700);
     for (std::size_t i = 0; i < 700; ++i) g[i] = gfn(q, i, 0);
-    for (auto i : brute_topk(g.data(), 700, plan::k_for(d, 700))) want[i] += g[i];
+    for (auto i : brute_topk(g.data(), 700, gflow::detail::plan::k_for(d, 700))) want[i] += g[i];
   }
   for (std::size_t i = 0; i < 700; ++i) CHECK(tr.result[0][0][i] == doctest::Approx(want[i] / P).epsilon(1e-6));
 }
@@ -91,13 +91,13 @@ int conservation_runs(std::uint64_t seed, int configs, int iters_each) {
     if (rng() % 2) o.threshold_bytes = 64 + rng() % 4096;
     o.average = rng() % 4 != 0;
     const int mode = static_cast<int>(rng() % 3 == 0 ? 1 : 0);
-    std::vector<plan::density_step> steps;
+    std::vector<gflow::detail::plan::density_step> steps;
     std::uint64_t until = 0;
     for (int s = 0, ns = static_cast<int>(rng() % 3); s < ns; ++s) {
       until += 1 + rng() % 8;
       steps.push_back({until, 0.001 + static_cast<double>(rng() % 1000) / 1000.0});
     }
-    auto sched = plan::density_schedule::per_iteration(steps, 0.0005 + static_cast<double>(rng() % 300) / 1000.0);
+    auto sched = gflow::detail::plan::density_schedule::per_iteration(steps, 0.0005 + static_cast<double>(rng() % 300) / 1000.0);
     const std::uint64_t gseed = rng();
     auto gfn = [&](int r, std::size_t i, int it) { return grad(mode, r, i, it, gseed) * (1.0f + static_cast<float>(i % 7)); };
     auto tr = run_ranks<E>(
@@ -233,7 +233,7 @@ TEST_CASE_TEMPLATE("edge cases: density schedule boundaries change k at the righ
   auto l = Layout::from_sizes({600, 400});
   mock::transport m(4, 0);
   on_mock<Exchanger<Sparsifier<S>>> ex(m, l);
-  ex.sparsifier().set_schedule(plan::density_schedule::per_epoch({0.25, 0.0725, 0.015, 0.004}, 0.001, 2));
+  ex.sparsifier().set_schedule(gflow::detail::plan::density_schedule::per_epoch({0.25, 0.0725, 0.015, 0.004}, 0.001, 2));
   const std::size_t want[] = {250, 250, 73, 73, 15, 15, 4, 4, 1, 1, 1};
   for (std::size_t it = 0; it < 11; ++it) {
     for (std::size_t i = 0; i < 2; ++i) ex.ready(i);

@@ -27,7 +27,7 @@
 
 using namespace gflow;
 using namespace gflow_test;
-namespace k_ = gflow::kernels;
+namespace k_ = gflow::detail::kernels;
 
 // ---- what goes on the wire (mock) --------------------------------------------------------------
 
@@ -45,7 +45,7 @@ TEST_CASE("mock: TopK does exactly one all_gather of k packed pairs per selectio
         if (i + 1 < l.size()) CHECK(m.calls().records.empty());  // waits for the whole pool
       }
       auto st = ex.finish();
-      const std::size_t k = plan::k_for(0.01, n);
+      const std::size_t k = gflow::detail::plan::k_for(0.01, n);
       REQUIRE(m.calls().records.size() == 1);
       const auto& r = m.calls().records[0];
       CHECK(r.kind == mock::op::all_gather);
@@ -56,7 +56,7 @@ TEST_CASE("mock: TopK does exactly one all_gather of k packed pairs per selectio
       CHECK(ex.sparsifier().selections() == 1);
       CHECK(ex.sparsifier().index_bytes() == 4);
       // Table I: what each rank receives from the P-1 others, headers aside
-      CHECK((4 - 1) * (r.bytes - 24) == plan::table1_bytes(plan::aggregation::topk_allreduce, 4, n, k, 4, 4));
+      CHECK((4 - 1) * (r.bytes - 24) == gflow::detail::plan::table1_bytes(gflow::detail::plan::aggregation::topk_allreduce, 4, n, k, 4, 4));
     }
   }
   SUBCASE("fusion: one selection and one all_gather per bucket, k per bucket, 16-bit values") {
@@ -69,7 +69,7 @@ TEST_CASE("mock: TopK does exactly one all_gather of k packed pairs per selectio
     CHECK(m.calls().records.size() == ag.size());
     std::size_t ktot = 0;
     for (std::size_t b = 0; b < ag.size(); ++b) {
-      const std::size_t k = plan::k_for(0.05, ex.buckets()[b].count);
+      const std::size_t k = gflow::detail::plan::k_for(0.05, ex.buckets()[b].count);
       ktot += k;
       CHECK(ag[b].count == 24 + k * (4 + 2));
     }
@@ -82,20 +82,20 @@ TEST_CASE("mock: TopK does exactly one all_gather of k packed pairs per selectio
     ex.sparsifier().set_index_bytes(8);
     for (std::size_t i = 0; i < l.size(); ++i) ex.ready(i);
     (void)ex.finish();
-    CHECK(m.calls().records.at(0).count == 24 + plan::k_for(0.01, n) * (8 + 4));
+    CHECK(m.calls().records.at(0).count == 24 + gflow::detail::plan::k_for(0.01, n) * (8 + 4));
   }
 }
 
 TEST_CASE("mock: GTopK does ceil(log2 P) rounds of send/recv of one k-pair message, then one broadcast") {
   auto l = Layout::from_sizes({700, 300});
   const std::size_t n = 1000;
-  const std::size_t k = plan::k_for(0.01, n);  // 10
+  const std::size_t k = gflow::detail::plan::k_for(0.01, n);  // 10
   const std::size_t mb = 24 + k * 8;
   using E = Exchanger<Sparsifier<GTopK<0.01>>>;
   auto run_one = [&](int P, int rank) {
     mock::transport m(P, rank);
     on_mock<E> ex(m, l);
-    CHECK(ex.sparsifier().rounds() == plan::gtopk_rounds(P));
+    CHECK(ex.sparsifier().rounds() == gflow::detail::plan::gtopk_rounds(P));
     for (std::size_t i = 0; i < l.size(); ++i) ex.ready(i);
     auto st = ex.finish();
     std::vector<std::string> seq;
@@ -127,7 +127,7 @@ TEST_CASE("mock: GTopK does ceil(log2 P) rounds of send/recv of one k-pair messa
     for (const auto& r : m.calls().records) payload += r.bytes - 24;
     CHECK(payload == 4 * k * 8);  // 3 recv + 1 broadcast
     // the paper counts the flat-tree broadcast once per round: 2 log P messages of 2k elements
-    CHECK(plan::table1_bytes(plan::aggregation::gtopk_allreduce, 8, n, k, 4, 4) == 2 * 3 * k * 8);
+    CHECK(gflow::detail::plan::table1_bytes(gflow::detail::plan::aggregation::gtopk_allreduce, 8, n, k, 4, 4) == 2 * 3 * k * 8);
   }
 }
 
@@ -137,8 +137,8 @@ TEST_CASE("mock: GTopK rank 0 merges the queued messages exactly as Definition 1
   mock::transport m(4, 0);
   on_mock<Exchanger<Sparsifier<GTopK<0.2>>>> ex(m, l);
   auto push = [&](std::vector<std::uint32_t> idx, std::vector<float> val) {
-    std::vector<unsigned char> msg(gflow::sparse_message::bytes(2, 4, 4));
-    gflow::sparse_message::pack(msg.data(), 2, idx.data(), val.data(), idx.size());
+    std::vector<unsigned char> msg(gflow::detail::sparse_message::bytes(2, 4, 4));
+    gflow::detail::sparse_message::pack(msg.data(), 2, idx.data(), val.data(), idx.size());
     m.calls().inbox.push_back(msg);
   };
   push({2, 7}, {5.0f, -1.0f});   // from rank 1
@@ -173,8 +173,8 @@ TEST_CASE("mock: a merge that drops a value whose index reaches the global top-k
   mock::transport m(4, 0);
   on_mock<Exchanger<Sparsifier<GTopK<0.125>>>> ex(m, l);
   auto push = [&](std::uint32_t i, float v) {
-    std::vector<unsigned char> msg(gflow::sparse_message::bytes(1, 4, 4));
-    gflow::sparse_message::pack(msg.data(), 1, &i, &v, 1);
+    std::vector<unsigned char> msg(gflow::detail::sparse_message::bytes(1, 4, 4));
+    gflow::detail::sparse_message::pack(msg.data(), 1, &i, &v, 1);
     m.calls().inbox.push_back(msg);
   };
   push(5, 1.0f);
@@ -203,7 +203,7 @@ TEST_CASE("bad settings: density, schedule and index width are validated") {
       CHECK(e.subject() == "density");
     }
   }
-  CHECK(ex.sparsifier().schedule() == plan::density_schedule::constant(0.1));  // unchanged
+  CHECK(ex.sparsifier().schedule() == gflow::detail::plan::density_schedule::constant(0.1));  // unchanged
   try {
     ex.sparsifier().set_index_bytes(2);
     FAIL("expected invalid_argument");
@@ -289,9 +289,9 @@ TEST_CASE("bad input: GTopK rejects a malformed received message, marks what it 
   auto l = Layout::from_sizes({100});
   const std::size_t k = 10, mb = 24 + k * 8;
   using E = Exchanger<Sparsifier<GTopK<0.1>>>;
-  auto msg = [&](std::vector<std::uint32_t> idx, std::vector<float> val, gflow::sparse_message::header h = {}) {
+  auto msg = [&](std::vector<std::uint32_t> idx, std::vector<float> val, gflow::detail::sparse_message::header h = {}) {
     std::vector<unsigned char> m(mb);
-    gflow::sparse_message::pack(m.data(), k, idx.data(), val.data(), idx.size(), h);
+    gflow::detail::sparse_message::pack(m.data(), k, idx.data(), val.data(), idx.size(), h);
     return m;
   };
   SUBCASE("rank 0 of 6 rejects rank 2's message in round 1") {
@@ -320,7 +320,7 @@ TEST_CASE("bad input: GTopK rejects a malformed received message, marks what it 
   SUBCASE("a rank told by the broadcast that another rank rejected a message") {
     mock::transport m(6, 0);
     on_mock<E> ex(m, l);
-    m.calls().inbox.push_back(msg({}, {}, gflow::sparse_message::header{0, 3, 2, 3, 0}));  // rank 2 found a duplicate from rank 3
+    m.calls().inbox.push_back(msg({}, {}, gflow::detail::sparse_message::header{0, 3, 2, 3, 0}));  // rank 2 found a duplicate from rank 3
     expect_parse_error([&] { ex.ready(0); }, "index", "in merge round 0, rank 2 rejected the message from rank 3 (its index)");
   }
   SUBCASE("count above k from a peer") {
@@ -424,7 +424,7 @@ TEST_CASE_TEMPLATE("an iteration allocates nothing (mock transport, reserved log
   {
     mock::transport m(5, 4);
     on_mock<Exchanger<Sparsifier<S>>> ex(m, l);
-    ex.sparsifier().set_schedule(plan::density_schedule::per_iteration({{2, 0.3}, {4, 0.05}}, 0.01));  // k changes: no allocation
+    ex.sparsifier().set_schedule(gflow::detail::plan::density_schedule::per_iteration({{2, 0.3}, {4, 0.05}}, 0.01));  // k changes: no allocation
     CHECK(count_iterations(ex, m, 6) == 0);
     ex.sparsifier().set_index_bytes(8);
     CHECK(count_iterations(ex, m, 2) == 0);
@@ -445,7 +445,7 @@ TEST_CASE_TEMPLATE("an iteration allocates nothing on the one-pass path either (
     mock::transport m(5, 4);
     on_mock<Exchanger<Sparsifier<S>>> ex(m, l);
     for (std::size_t i = 0; i < l.total_numel(); ++i) ex.pool_data()[i] = grad(0, 1, i, 1);
-    ex.sparsifier().set_schedule(plan::density_schedule::per_iteration({{2, 0.6}, {4, 0.05}}, 0.001));  // 0.6: not sampled; then sampled
+    ex.sparsifier().set_schedule(gflow::detail::plan::density_schedule::per_iteration({{2, 0.6}, {4, 0.05}}, 0.001));  // 0.6: not sampled; then sampled
     CHECK(count_iterations(ex, m, 6) == 0);
     CHECK(ex.sparsifier().paths().candidates == 1);
   }

@@ -6,7 +6,7 @@
 #include "compositions.hpp"
 #include "test_values.hpp"
 #include <gflow/exchanger.hpp>
-#include <gflow/plan/groups.hpp>
+#include <gflow/detail/plan/groups.hpp>
 #include <gflow/policies/topology.hpp>
 #include <gflow/transport/inproc.hpp>
 #include <gflow/transport/mock.hpp>
@@ -300,7 +300,7 @@ void check_against_ring_int(int P, const Layout& l) {
   const auto ring = exchange<R>(P, l, int_value);
   check_identical_across_ranks(hier);
   CHECK(same_bits(hier[0], ring[0]));
-  const auto pool = plan::plan_pool(l);
+  const auto pool = gflow::detail::plan::plan_pool(l);
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < l.size(); ++i)
     for (std::size_t j = 0; j < l[i].numel; ++j) {
@@ -321,7 +321,7 @@ void check_against_ring_real(int P, const Layout& l, double u, double floor) {
   const auto hier = exchange<H>(P, l, uniform_value);
   const auto ring = exchange<R>(P, l, uniform_value);
   check_identical_across_ranks(hier);
-  const auto pool = plan::plan_pool(l);
+  const auto pool = gflow::detail::plan::plan_pool(l);
   std::size_t off = 0;
   double worst = 0;
   for (std::size_t i = 0; i < l.size(); ++i)

@@ -6,7 +6,7 @@
 // typed error that leaves the exchanger as it was.
 #include <doctest/doctest.h>
 
-#include <gflow/support/checkpoint.hpp>
+#include <gflow/detail/support/checkpoint.hpp>
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/inproc.hpp>
 
@@ -188,7 +188,7 @@ TEST_CASE_TEMPLATE("checkpoint: CSC with warm-up, ramp and momentum resumes bitw
 }
 
 TEST_CASE_TEMPLATE("checkpoint: TopK and GTopK with a density schedule resume bitwise", W, wire::fp32, wire::fp16) {
-  auto configure = [](auto& ex) { ex.sparsifier().set_schedule(plan::density_schedule::per_iteration({{2, 0.5}, {5, 0.2}}, 0.05)); };
+  auto configure = [](auto& ex) { ex.sparsifier().set_schedule(gflow::detail::plan::density_schedule::per_iteration({{2, 0.5}, {5, 0.2}}, 0.05)); };
   resume_matrix<Exchanger<Precision<W>, Sparsifier<TopK<0.01>>>>(configure, {1, 3, 6});
   resume_matrix<Exchanger<Precision<W>, Fusion<2048>, Sparsifier<GTopK<0.01>>>>(configure, {1, 3, 6});
   resume_matrix<Exchanger<Precision<W>, Fusion<2048>, Sparsifier<TopK<0.01>>>>(configure, {4});

@@ -185,7 +185,7 @@ TEST_CASE("reshard: P' = P rewrites every built-in composition's checkpoints byt
   check_identity<Exchanger<Precision<wire::fp16>, Fusion<1024>, Sparsifier<CSC<64, 20>>>>(3, 5, [](auto& ex) { ex.sparsifier().set_warmup(1, 2); });
   check_identity<Exchanger<Sparsifier<CSC<64, 20>>, Topology<Hybrid<4096, 2>>>>(4, 3, [](auto& ex) { ex.sparsifier().set_warmup(0, 0); });
   check_identity<Exchanger<Sparsifier<TopK<0.01>>>>(3, 4,
-                                                    [](auto& ex) { ex.sparsifier().set_schedule(plan::density_schedule::per_iteration({{2, 0.5}}, 0.05)); });
+                                                    [](auto& ex) { ex.sparsifier().set_schedule(gflow::detail::plan::density_schedule::per_iteration({{2, 0.5}}, 0.05)); });
   check_identity<Exchanger<Fusion<2048>, Sparsifier<GTopK<0.01>>>>(4, 3, none);
   check_identity<Exchanger<Fusion<Auto>, Sparsifier<TopK<0.05>>>>(2, 3, none);
   exchange_options learn;
@@ -430,7 +430,7 @@ TEST_CASE("reshard: truncated, corrupt, mixed, missing, duplicate and foreign se
     check_refused<E, mismatch_error>(csc, "composition");
   }
   SUBCASE("shared state differs (R1)") {
-    const auto other = saved_set<E>(3, 2, [](auto& ex) { ex.sparsifier().set_schedule(plan::density_schedule::per_iteration({{1, 0.5}}, 0.05)); });
+    const auto other = saved_set<E>(3, 2, [](auto& ex) { ex.sparsifier().set_schedule(gflow::detail::plan::density_schedule::per_iteration({{1, 0.5}}, 0.05)); });
     check_refused<E, mismatch_error>({files[0], other[1], files[2]}, "checkpoints");
     streams s({files[0], other[1], files[2]});
     std::ostringstream out;

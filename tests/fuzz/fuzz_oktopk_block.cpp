@@ -18,13 +18,13 @@
 #include <string>
 
 #include "fuzz_util.hpp"
-#include "gflow/kernels/topk.hpp"
-#include "gflow/support/oktopk_message.hpp"
+#include "gflow/detail/kernels/topk.hpp"
+#include "gflow/detail/support/oktopk_message.hpp"
 
 namespace {
 
-namespace k = gflow::kernels;
-namespace om = gflow::oktopk_message;
+namespace k = gflow::detail::kernels;
+namespace om = gflow::detail::oktopk_message;
 
 template <class I, class W>
 void run(const std::uint8_t* data, std::size_t size, std::uint64_t lo, std::uint64_t hi, std::size_t announced, std::size_t cap) {

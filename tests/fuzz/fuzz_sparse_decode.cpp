@@ -16,17 +16,17 @@
 #include <vector>
 
 #include "fuzz_util.hpp"
-#include "gflow/kernels/topk.hpp"
+#include "gflow/detail/kernels/topk.hpp"
 
 namespace {
 
-namespace k = gflow::kernels;
+namespace k = gflow::detail::kernels;
 
 template <class I, class W>
 void run(const std::uint8_t* data, std::size_t size, std::uint64_t lo, std::uint64_t hi) {
-  if (size < gflow::sparse_message::header_bytes) return;
-  const std::size_t cap = (size - gflow::sparse_message::header_bytes) / (sizeof(I) + sizeof(W));
-  const std::size_t bytes = gflow::sparse_message::bytes(cap, sizeof(I), sizeof(W));
+  if (size < gflow::detail::sparse_message::header_bytes) return;
+  const std::size_t cap = (size - gflow::detail::sparse_message::header_bytes) / (sizeof(I) + sizeof(W));
+  const std::size_t bytes = gflow::detail::sparse_message::bytes(cap, sizeof(I), sizeof(W));
   // Exactly-sized heap copies, so any read or write past an end is an ASan report.
   std::unique_ptr<unsigned char[]> msg(new unsigned char[bytes]);
   std::memcpy(msg.get(), data, bytes);
@@ -35,8 +35,8 @@ void run(const std::uint8_t* data, std::size_t size, std::uint64_t lo, std::uint
   std::memset(idx.get(), 0xA5, (cap + 1) * sizeof(I));
   std::memset(val.get(), 0xA5, (cap + 1) * sizeof(W));
 
-  const gflow::sparse_message::unpack_result r = k::unpack_checked<I, W>(msg.get(), cap, lo, hi, idx.get(), val.get());
-  const std::string text = gflow::sparse_message::describe(r, cap, lo, hi);  // the error text must build for any fault
+  const gflow::detail::sparse_message::unpack_result r = k::unpack_checked<I, W>(msg.get(), cap, lo, hi, idx.get(), val.get());
+  const std::string text = gflow::detail::sparse_message::describe(r, cap, lo, hi);  // the error text must build for any fault
   FUZZ_CHECK(!text.empty());
   FUZZ_CHECK(std::memcmp(&r.header, msg.get(), sizeof r.header) == 0);
   if (!r.ok()) {

@@ -1,12 +1,12 @@
 // libFuzzer target: gTop-k's merge path (kernels/topk.hpp) on two received messages:
-// unpack_checked both, merge_topk them (Definition 1 of paper 003), then restore_unselected and
+// unpack_checked both, merge_topk them (Definition 1 of gTop-k (Shi et al.)), then restore_unselected and
 // restore_records_in into a residual, as Sparsifier<GTopK> does in every tree round.
 //
 // Input: [variant u8][mode u8][lo u16][span-1 u16][k-1 u8][two messages ...]
 //   variant as in fuzz_sparse_decode (bit 0: u32/u64 indices; (variant >> 1) % 3: fp32/fp16/bf16)
 //   mode 0 (raw): the two messages are the next 2 * message_bytes(k) bytes (zeros past the end)
 //   mode 1 (built): each list is [count u8][count x (gap u16, value W)]: indices lo + gap, then
-//     previous + 1 + gap; packed with gflow::sparse_message::pack, so most inputs reach the merge (indices past
+//     previous + 1 + gap; packed with gflow::detail::sparse_message::pack, so most inputs reach the merge (indices past
 //     hi or NaN values are still rejected by unpack_checked)
 // Invariants (abort on violation): kept <= k and = min(k, |union|); kept and record indices
 // strictly increasing inside [lo, hi) and from the union; kept value = W(sum); every union entry
@@ -20,15 +20,15 @@
 #include <vector>
 
 #include "fuzz_util.hpp"
-#include "gflow/kernels/topk.hpp"
+#include "gflow/detail/kernels/topk.hpp"
 
 namespace {
 
-namespace k = gflow::kernels;
+namespace k = gflow::detail::kernels;
 
 template <class I, class W>
 std::unique_ptr<unsigned char[]> build(fuzz::reader& in, std::size_t cap, std::uint64_t lo, bool raw) {
-  const std::size_t bytes = gflow::sparse_message::bytes(cap, sizeof(I), sizeof(W));
+  const std::size_t bytes = gflow::detail::sparse_message::bytes(cap, sizeof(I), sizeof(W));
   std::unique_ptr<unsigned char[]> msg(new unsigned char[bytes]());
   if (raw) {
     for (std::size_t b = 0; b < bytes; ++b) msg[b] = in.take<std::uint8_t>();
@@ -43,7 +43,7 @@ std::unique_ptr<unsigned char[]> build(fuzz::reader& in, std::size_t cap, std::u
     idx[j] = static_cast<I>(at);
     val[j] = in.take<W>();
   }
-  gflow::sparse_message::pack(msg.get(), cap, idx.data(), val.data(), count);
+  gflow::detail::sparse_message::pack(msg.get(), cap, idx.data(), val.data(), count);
   return msg;
 }
 

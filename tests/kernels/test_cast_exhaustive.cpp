@@ -1,4 +1,4 @@
-// Exhaustive checks of the SIMD cast kernels (include/gflow/kernels/cast.hpp, namespace
+// Exhaustive checks of the SIMD cast kernels (include/gflow/detail/kernels/cast.hpp, namespace
 // kernels::simd) against their scalar reference twins (kernels::reference), bit for bit:
 //   - scale_to_wire over all 2^32 fp32 inputs: fp16 and bf16, each with scale 1 and with scale
 //     1/3 (to_wire runs the same rounding code without the product; at scale 1 the product is
@@ -11,7 +11,7 @@
 // AVX2 / F16C.
 #include <doctest/doctest.h>
 
-#include <gflow/kernels/cast.hpp>
+#include <gflow/detail/kernels/cast.hpp>
 
 #include "test_values.hpp"
 
@@ -30,14 +30,11 @@
 
 namespace {
 
-namespace k = gflow::kernels;
+namespace k = gflow::detail::kernels;
 using gflow::reduce_op;
 
-bool simd_or_skip() {
-  if (k::simd::available()) return true;
-  MESSAGE("no AVX2 + F16C here (or not an x86-64 GCC / Clang build): the SIMD kernels are not checked");
-  return false;
-}
+// Without AVX2 + F16C (or on a non-x86-64 / non-GCC-Clang build) the SIMD cases report themselves
+// skipped (doctest::skip; the run's summary counts them), never passed.
 
 std::string hex(std::uint32_t x) {
   char buf[16];
@@ -120,20 +117,17 @@ std::uint64_t pattern_by_edges() {
 
 }  // namespace
 
-TEST_CASE("cast exhaustive: fp32 -> fp16, all 2^32 inputs, scale 1 and 1/3, SIMD == reference") {
-  if (!simd_or_skip()) return;
+TEST_CASE("cast exhaustive: fp32 -> fp16, all 2^32 inputs, scale 1 and 1/3, SIMD == reference" * doctest::skip(!k::simd::available())) {
   every_fp32<gflow::half>(1.0f);
   every_fp32<gflow::half>(1.0f / 3.0f);
 }
 
-TEST_CASE("cast exhaustive: fp32 -> bf16, all 2^32 inputs, scale 1 and 1/3, SIMD == reference") {
-  if (!simd_or_skip()) return;
+TEST_CASE("cast exhaustive: fp32 -> bf16, all 2^32 inputs, scale 1 and 1/3, SIMD == reference" * doctest::skip(!k::simd::available())) {
   every_fp32<gflow::bfloat16>(1.0f);
   every_fp32<gflow::bfloat16>(1.0f / 3.0f);
 }
 
-TEST_CASE("cast exhaustive: 16-bit sum / max / min of every pattern against every edge value, both orders") {
-  if (!simd_or_skip()) return;
+TEST_CASE("cast exhaustive: 16-bit sum / max / min of every pattern against every edge value, both orders" * doctest::skip(!k::simd::available())) {
   CHECK(pattern_by_edges<reduce_op::sum, gflow::half>() == 0);
   CHECK(pattern_by_edges<reduce_op::max, gflow::half>() == 0);
   CHECK(pattern_by_edges<reduce_op::min, gflow::half>() == 0);

@@ -1,9 +1,9 @@
-// The host CSC kernels (gflow/kernels/sparse_chunks.hpp): compaction and scatter, Algorithm 1 for
+// The host CSC kernels (gflow/detail/kernels/sparse_chunks.hpp): compaction and scatter, Algorithm 1 for
 // kept-back chunks, the documented norm order, every kernel against its element-wise definition,
 // top-percent selection.
 #include <doctest/doctest.h>
 
-#include <gflow/kernels/sparse_chunks.hpp>
+#include <gflow/detail/kernels/sparse_chunks.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -27,7 +27,7 @@ TEST_CASE("CSC kernels: compaction and scatter round trip with a partial last ch
     hist[i] = 100.0f * float(i);
   }
   const std::vector<std::uint32_t> list{1, 4};
-  const std::size_t k = kernels::compact_chunks(pool.data(), hist.data(), n, C, list.data(), list.size(), out.data());
+  const std::size_t k = gflow::detail::kernels::compact_chunks(pool.data(), hist.data(), n, C, list.data(), list.size(), out.data());
   REQUIRE(k == 8);
   for (std::size_t j = 0; j < 5; ++j) CHECK(out[j] == pool[5 + j] + 100.0f * float(5 + j));
   for (std::size_t j = 0; j < 3; ++j) CHECK(out[5 + j] == pool[20 + j] + 100.0f * float(20 + j));
@@ -35,7 +35,7 @@ TEST_CASE("CSC kernels: compaction and scatter round trip with a partial last ch
 
   std::vector<float> back(n, 7.0f), norms(5, -1.0f);
   for (std::size_t j = 0; j < k; ++j) out[j] = (j % 2 ? -1.0f : 1.0f) * float(j);
-  CHECK(kernels::scatter_chunks(out.data(), back.data(), n, C, list.data(), list.size(), norms.data(), 0.5f) == 8);
+  CHECK(gflow::detail::kernels::scatter_chunks(out.data(), back.data(), n, C, list.data(), list.size(), norms.data(), 0.5f) == 8);
   for (std::size_t j = 0; j < 5; ++j) CHECK(back[5 + j] == out[j]);
   for (std::size_t j = 0; j < 3; ++j) CHECK(back[20 + j] == out[5 + j]);
   CHECK(back[0] == 7.0f);
@@ -46,7 +46,7 @@ TEST_CASE("CSC kernels: compaction and scatter round trip with a partial last ch
 
   std::vector<float> l1(5, -1.0f);
   const std::vector<std::uint32_t> every{0, 1, 2, 3, 4};
-  kernels::chunk_l1_norms(back.data(), n, C, every.data(), every.size(), l1.data());
+  gflow::detail::kernels::chunk_l1_norms(back.data(), n, C, every.data(), every.size(), l1.data());
   CHECK(l1[0] == 35.0f);
   CHECK(l1[4] == 18.0f);
 }
@@ -55,7 +55,7 @@ TEST_CASE("CSC kernels: Algorithm 1 for kept-back chunks (g += hg; hg = m g; poo
   const std::size_t n = 10, C = 4;
   std::vector<float> pool{1, -2, 3, -4, 5, 6, 7, 8, 9, 10}, hist{1, 1, 1, 1, 1, 1, 1, 1, 0.5f, 0.5f}, norms(3, -1.0f);
   const std::vector<std::uint32_t> list{0, 2};
-  kernels::defer_chunks(pool.data(), hist.data(), n, C, list.data(), list.size(), 0.5f, norms.data());
+  gflow::detail::kernels::defer_chunks(pool.data(), hist.data(), n, C, list.data(), list.size(), 0.5f, norms.data());
   CHECK(norms[0] == 2 + 1 + 4 + 3);  // |2| + |-1| + |4| + |-3|
   CHECK(norms[1] == -1.0f);
   CHECK(norms[2] == 9.5f + 10.5f);
@@ -101,21 +101,21 @@ TEST_CASE("CSC kernels: norms in the documented order (8 partial sums), in every
     std::iota(all.begin(), all.end(), 0u);
     std::vector<float> want(chunks), got(chunks, -1.0f);
     for (std::size_t c = 0; c < chunks; ++c) want[c] = 0.5f * l1_documented(pool.data() + c * C, std::min(C, n - c * C));
-    kernels::chunk_l1_norms(pool.data(), n, C, all.data(), chunks, got.data(), 0.5f);
+    gflow::detail::kernels::chunk_l1_norms(pool.data(), n, C, all.data(), chunks, got.data(), 0.5f);
     CHECK(got == want);
     std::vector<float> back(n, 0.0f);
     std::fill(got.begin(), got.end(), -1.0f);
-    kernels::scatter_chunks(pool.data(), back.data(), n, C, all.data(), chunks, got.data(), 0.5f);
+    gflow::detail::kernels::scatter_chunks(pool.data(), back.data(), n, C, all.data(), chunks, got.data(), 0.5f);
     CHECK(got == want);
     CHECK(back == pool);
     std::fill(got.begin(), got.end(), -1.0f);
-    CHECK(kernels::scatter_chunks_counted(pool.data(), back.data(), n, C, all.data(), chunks, false, 3.0f, got.data(), 0.5f) == 0);
+    CHECK(gflow::detail::kernels::scatter_chunks_counted(pool.data(), back.data(), n, C, all.data(), chunks, false, 3.0f, got.data(), 0.5f) == 0);
     CHECK(got == want);
     // defer: the norm of g = pool + hist
     std::vector<float> p = pool, h = hist, g(n);
     for (std::size_t i = 0; i < n; ++i) g[i] = pool[i] + hist[i];
     for (std::size_t c = 0; c < chunks; ++c) want[c] = l1_documented(g.data() + c * C, std::min(C, n - c * C));
-    kernels::defer_chunks(p.data(), h.data(), n, C, all.data(), chunks, 0.9f, got.data());
+    gflow::detail::kernels::defer_chunks(p.data(), h.data(), n, C, all.data(), chunks, 0.9f, got.data());
     CHECK(got == want);
   }
 }
@@ -136,7 +136,7 @@ TEST_CASE("CSC kernels: every kernel equals its element-wise definition (random 
     // compact_chunks
     {
       std::vector<float> h = hist, out(n, 9.0f);
-      const std::size_t k = kernels::compact_chunks(pool.data(), h.data(), n, C, list.data(), list.size(), out.data());
+      const std::size_t k = gflow::detail::kernels::compact_chunks(pool.data(), h.data(), n, C, list.data(), list.size(), out.data());
       std::size_t j = 0, bad = 0;
       for (std::size_t i = 0; i < n; ++i) {
         if (in_list[i]) bad += !same_bits(out[j++], pool[i] + hist[i]) + !same_bits(h[i], 0.0f);
@@ -149,7 +149,7 @@ TEST_CASE("CSC kernels: every kernel equals its element-wise definition (random 
     for (bool mul : {false, true}) {
       std::vector<float> p(n, 7.0f);
       std::size_t want_bad = 0, j = 0, bad = 0;
-      const std::size_t got_bad = kernels::scatter_chunks_counted(buf.data(), p.data(), n, C, list.data(), list.size(), mul, 0.25f, nullptr, 1.0f);
+      const std::size_t got_bad = gflow::detail::kernels::scatter_chunks_counted(buf.data(), p.data(), n, C, list.data(), list.size(), mul, 0.25f, nullptr, 1.0f);
       for (std::size_t i = 0; i < n; ++i) {
         if (in_list[i]) {
           const float v = mul ? buf[j] * 0.25f : buf[j];
@@ -166,7 +166,7 @@ TEST_CASE("CSC kernels: every kernel equals its element-wise definition (random 
     // defer_chunks
     {
       std::vector<float> p = pool, h = hist;
-      kernels::defer_chunks(p.data(), h.data(), n, C, list.data(), list.size(), 0.5f, nullptr);
+      gflow::detail::kernels::defer_chunks(p.data(), h.data(), n, C, list.data(), list.size(), 0.5f, nullptr);
       std::size_t bad = 0;
       for (std::size_t i = 0; i < n; ++i) {
         if (in_list[i]) {
@@ -185,13 +185,13 @@ TEST_CASE("CSC kernels: every kernel equals its element-wise definition (random 
         const float s = 1.0f / P;
         std::vector<float> h = hist, p(n, 7.0f), norms(chunks, -1.0f);
         std::vector<wt> w(n, wt{0x1234});
-        const std::size_t k = kernels::compact_chunks_to_wire(pool.data(), h.data(), n, C, list.data(), list.size(), w.data(), s, P);
+        const std::size_t k = gflow::detail::kernels::compact_chunks_to_wire(pool.data(), h.data(), n, C, list.data(), list.size(), w.data(), s, P);
         std::size_t j = 0, bad = 0;
         for (std::size_t i = 0; i < n; ++i) {
           if (in_list[i]) {
             const float g = pool[i] + hist[i];
-            const wt e = kernels::wire_cast<wt>(g * s);
-            const float err = g - kernels::to_float(e) * P;
+            const wt e = gflow::detail::kernels::wire_cast<wt>(g * s);
+            const float err = g - gflow::detail::kernels::to_float(e) * P;
             bad += (w[j++].bits != e.bits) + !same_bits(h[i], std::isfinite(err) ? err : 0.0f);
           } else {
             bad += !same_bits(h[i], hist[i]);
@@ -199,12 +199,12 @@ TEST_CASE("CSC kernels: every kernel equals its element-wise definition (random 
         }
         CHECK(k == j);
         CHECK(bad == 0);
-        const std::size_t nonfinite = kernels::scatter_chunks_from_wire(w.data(), p.data(), n, C, list.data(), list.size(), norms.data(), 0.5f);
+        const std::size_t nonfinite = gflow::detail::kernels::scatter_chunks_from_wire(w.data(), p.data(), n, C, list.data(), list.size(), norms.data(), 0.5f);
         std::size_t want_nonfinite = 0;
         j = 0;
         for (std::size_t i = 0; i < n; ++i) {
           if (in_list[i]) {
-            const float v = kernels::to_float(w[j++]);
+            const float v = gflow::detail::kernels::to_float(w[j++]);
             want_nonfinite += !std::isfinite(v);
             bad += !same_bits(p[i], v);
           } else {
@@ -225,29 +225,29 @@ TEST_CASE("CSC kernels: top-percent selection, ties to the lower index, NaN rank
   std::vector<std::uint32_t> out(6);
   SUBCASE("plain") {
     const std::vector<float> norms{1, 5, 3, 5, 0, 4};
-    kernels::select_top_chunks(norms.data(), 6, 3, out.data());
+    gflow::detail::kernels::select_top_chunks(norms.data(), 6, 3, out.data());
     CHECK(out == std::vector<std::uint32_t>{1, 3, 5, 0, 2, 4});
-    kernels::select_top_chunks(norms.data(), 6, 1, out.data());
+    gflow::detail::kernels::select_top_chunks(norms.data(), 6, 1, out.data());
     CHECK(out == std::vector<std::uint32_t>{1, 0, 2, 3, 4, 5});  // tie 1 vs 3: the lower index
   }
   SUBCASE("all equal (all-zero gradients): the first k chunks") {
     const std::vector<float> norms(6, 0.0f);
-    kernels::select_top_chunks(norms.data(), 6, 2, out.data());
+    gflow::detail::kernels::select_top_chunks(norms.data(), 6, 2, out.data());
     CHECK(out == std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5});
   }
   SUBCASE("inf and NaN") {
     const float inf = std::numeric_limits<float>::infinity();
     const std::vector<float> norms{1, inf, std::nanf(""), 7, inf, 2};
-    kernels::select_top_chunks(norms.data(), 6, 2, out.data());
+    gflow::detail::kernels::select_top_chunks(norms.data(), 6, 2, out.data());
     CHECK(out == std::vector<std::uint32_t>{1, 2, 0, 3, 4, 5});
-    kernels::select_top_chunks(norms.data(), 6, 1, out.data());
+    gflow::detail::kernels::select_top_chunks(norms.data(), 6, 1, out.data());
     CHECK(out[0] == 2);
   }
   SUBCASE("k = 0 and k = all") {
     const std::vector<float> norms{3, 2, 1, 0, 9, 8};
-    kernels::select_top_chunks(norms.data(), 6, 6, out.data());
+    gflow::detail::kernels::select_top_chunks(norms.data(), 6, 6, out.data());
     CHECK(out == std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5});
-    kernels::select_top_chunks(norms.data(), 6, 0, out.data());
+    gflow::detail::kernels::select_top_chunks(norms.data(), 6, 0, out.data());
     CHECK(out == std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5});
   }
   SUBCASE("against a full sort on random norms with many ties") {
@@ -257,7 +257,7 @@ TEST_CASE("CSC kernels: top-percent selection, ties to the lower index, NaN rank
       std::vector<float> norms(nc);
       for (auto& x : norms) x = float(rng() % 17);
       std::vector<std::uint32_t> got(nc), ref(nc);
-      kernels::select_top_chunks(norms.data(), nc, k, got.data());
+      gflow::detail::kernels::select_top_chunks(norms.data(), nc, k, got.data());
       std::iota(ref.begin(), ref.end(), 0u);
       std::stable_sort(ref.begin(), ref.end(), [&](auto a, auto b) { return norms[a] > norms[b]; });
       std::sort(ref.begin(), ref.begin() + long(k));

@@ -53,7 +53,7 @@ foreach(dir IN LISTS DIRS)
     foreach(line IN LISTS internal)
       if(NOT line MATCHES "^[ \t]*//")
         string(STRIP "${line}" line)
-        string(APPEND problems "  ${f} names gflow::detail (${line}): use the public names (engines/concepts.hpp, docs/GUIDE.md), "
+        string(APPEND problems "  ${f} names gflow::detail (${line}): use the public names (<gflow/extension.hpp>, docs/GUIDE.md, 'What is public'), "
                                "or say why this file needs more in a line '// layering: <why>'\n")
         break()
       endif()

@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include <gflow/dtype.hpp>
-#include <gflow/kernels/cast.hpp>
+#include <gflow/detail/kernels/cast.hpp>
 #include <gflow/transport/mpi.hpp>
 
 namespace gflow_test {
@@ -18,13 +18,13 @@ inline constexpr bool is16 = std::is_same_v<T, gflow::half> || std::is_same_v<T,
 
 template <class T>
 T from_double(double v) {
-  if constexpr (is16<T>) return gflow::kernels::wire_cast<T>(static_cast<float>(v));
+  if constexpr (is16<T>) return gflow::detail::kernels::wire_cast<T>(static_cast<float>(v));
   else return static_cast<T>(v);
 }
 
 template <class T>
 double to_double(T v) {
-  if constexpr (is16<T>) return static_cast<double>(gflow::kernels::to_float(v));
+  if constexpr (is16<T>) return static_cast<double>(gflow::detail::kernels::to_float(v));
   else return static_cast<double>(v);
 }
 

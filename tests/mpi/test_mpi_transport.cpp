@@ -264,17 +264,17 @@ TEST_CASE_TEMPLATE("mpi transport: large random all_reduce is bitwise identical 
 TEST_CASE("mpi transport: 16-bit reductions: exact sums, fp16 overflow to inf, bf16 range") {
   gflow::mpi::transport t;
   // 1.0 on every rank: exact in fp16 at any of the tested sizes.
-  gflow::half h = gflow::kernels::to_half(1.0f);
+  gflow::half h = gflow::detail::kernels::to_half(1.0f);
   t.all_reduce(&h, 1, reduce_op::sum);
-  CHECK(gflow::kernels::to_float(h) == static_cast<float>(t.size()));
+  CHECK(gflow::detail::kernels::to_float(h) == static_cast<float>(t.size()));
   // fp16 max is 65504: the sum of 40000 on two or more ranks overflows to +inf.
-  gflow::half big = gflow::kernels::to_half(40000.0f);
+  gflow::half big = gflow::detail::kernels::to_half(40000.0f);
   t.all_reduce(&big, 1, reduce_op::sum);
-  CHECK(gflow::kernels::to_float(big) == std::numeric_limits<float>::infinity());
+  CHECK(gflow::detail::kernels::to_float(big) == std::numeric_limits<float>::infinity());
   // bf16 has float's range.
-  gflow::bfloat16 b = gflow::kernels::to_bfloat16(1e30f);
+  gflow::bfloat16 b = gflow::detail::kernels::to_bfloat16(1e30f);
   t.all_reduce(&b, 1, reduce_op::max);
-  CHECK(gflow::kernels::to_float(b) == gflow::kernels::to_float(gflow::kernels::to_bfloat16(1e30f)));
+  CHECK(gflow::detail::kernels::to_float(b) == gflow::detail::kernels::to_float(gflow::detail::kernels::to_bfloat16(1e30f)));
 }
 
 TEST_CASE("mpi transport: invalid peers, roots, counts and colors raise invalid_argument") {

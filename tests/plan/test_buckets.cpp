@@ -1,10 +1,10 @@
 #include <doctest/doctest.h>
 
-#include <gflow/plan/buckets.hpp>
-#include <gflow/plan/pool.hpp>
+#include <gflow/detail/plan/buckets.hpp>
+#include <gflow/detail/plan/pool.hpp>
 
 using gflow::Layout;
-using namespace gflow::plan;
+using namespace gflow::detail::plan;
 
 TEST_CASE("pool places tensors in generation order (reverse of forward)") {
   auto l = Layout::from_sizes({3, 5, 7, 11});

@@ -44,7 +44,7 @@ TEST_CASE("every family's concept accepts its policies and rejects the others") 
   CHECK(true);
 }
 
-// Issue 12: the engine contracts (include/gflow/engines/concepts.hpp) accept the built-in engines and
+// Issue 12: the engine contracts (include/gflow/detail/engines/concepts.hpp) accept the built-in engines and
 // backends and reject what lacks a member.
 namespace concept_cases {
 using ctx = gflow::detail::archetype_context<>;

@@ -1,7 +1,7 @@
-// The checkpoint stream's hash (gflow/support/checkpoint.hpp): independent of how the bytes are split.
+// The checkpoint stream's hash (gflow/detail/support/checkpoint.hpp): independent of how the bytes are split.
 #include <doctest/doctest.h>
 
-#include <gflow/support/checkpoint.hpp>
+#include <gflow/detail/support/checkpoint.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -1,7 +1,7 @@
 // detail::issuing_thread: the thread the Overlap runners issue their buckets' exchanges on
 // (support/issuing_thread.hpp). Funneled and Concurrent finish an item per step; Chained takes
 // several steps per item. In the TSan set (gflow_threaded_tests).
-#include <gflow/support/issuing_thread.hpp>
+#include <gflow/detail/support/issuing_thread.hpp>
 
 #include <doctest/doctest.h>
 

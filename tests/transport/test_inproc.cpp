@@ -70,12 +70,12 @@ TEST_CASE("in-process collectives on 1..9 ranks") {
 
 TEST_CASE("in-process 16-bit sums accumulate in fp32 in rank order and round once") {
   inproc::run(4, [](inproc::transport& t) {
-    gflow::half h[1] = {gflow::kernels::to_half(1.0f + 0.25f * t.rank())};
+    gflow::half h[1] = {gflow::detail::kernels::to_half(1.0f + 0.25f * t.rank())};
     t.all_reduce(h, 1, reduce_op::sum);
-    CHECK(gflow::kernels::to_float(h[0]) == 5.5f);
-    gflow::bfloat16 b[1] = {gflow::kernels::to_bfloat16(256.0f)};
+    CHECK(gflow::detail::kernels::to_float(h[0]) == 5.5f);
+    gflow::bfloat16 b[1] = {gflow::detail::kernels::to_bfloat16(256.0f)};
     t.all_reduce(b, 1, reduce_op::sum);
-    CHECK(gflow::kernels::to_float(b[0]) == 1024.0f);
+    CHECK(gflow::detail::kernels::to_float(b[0]) == 1024.0f);
   });
 }
 

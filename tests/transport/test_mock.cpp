@@ -1,7 +1,7 @@
 // The mock transport (gflow/transport/mock.hpp): it records every call and simulates identical ranks.
 #include <doctest/doctest.h>
 
-#include <gflow/kernels/cast.hpp>
+#include <gflow/detail/kernels/cast.hpp>
 #include <gflow/transport/mock.hpp>
 
 #include <cstdint>
@@ -14,10 +14,10 @@ TEST_CASE("mock transport records every call and simulates identical ranks") {
   float v[3] = {1, 2, 3};
   m.all_reduce(v, 3, reduce_op::sum);
   CHECK(v[2] == 12.0f);
-  gflow::half h[2] = {gflow::kernels::to_half(0.5f), gflow::kernels::to_half(1.0f)};
+  gflow::half h[2] = {gflow::detail::kernels::to_half(0.5f), gflow::detail::kernels::to_half(1.0f)};
   auto r = m.iall_reduce(h, 2, reduce_op::sum);
   m.wait(r);
-  CHECK(gflow::kernels::to_float(h[0]) == 2.0f);
+  CHECK(gflow::detail::kernels::to_float(h[0]) == 2.0f);
   std::int32_t g[8];
   std::int32_t mine[2] = {7, 8};
   m.all_gather(mine, g, 2);

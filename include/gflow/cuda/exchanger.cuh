@@ -9,7 +9,7 @@
 // It brings in the device backend (CUDA kernels on the transport's stream, see
 // device_backend.cuh for what that asks of the trainer), the Exchanger facade, and the NCCL
 // transport when <nccl.h> is on the include path (link gflow::nccl to use it).
-#include "device_backend.cuh"
+#include "../detail/cuda/device_backend.cuh"
 // The backend specialisation above must be visible before the Exchanger is instantiated.
 #include "../exchanger.hpp"
 // verify_replicas on device memory (a copy to the host, then the host fingerprint).

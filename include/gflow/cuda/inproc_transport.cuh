@@ -34,7 +34,7 @@
 #include "../error.hpp"
 #include "../transport/inproc.hpp"
 #include "../transport/transport.hpp"
-#include "check.cuh"
+#include "../detail/cuda/check.cuh"
 
 namespace gflow::inproc_device {
 
@@ -45,9 +45,9 @@ class transport : public transport_base<device_memory> {
 
   /// Rank `host.rank()` of the group on CUDA device `device`, with a new non-blocking stream.
   transport(inproc::transport host, int device) : host_(std::move(host)), device_(device) {
-    cuda::device_guard g(device_);
+    gflow::detail::cuda::device_guard g(device_);
     cudaStream_t s = nullptr;
-    cuda::check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags for an in-process device rank");
+    gflow::detail::cuda::check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags for an in-process device rank");
     stream_.reset(s, [](cudaStream_t p) { (void)cudaStreamDestroy(p); });
   }
 
@@ -144,8 +144,8 @@ class transport : public transport_base<device_memory> {
     return s;
   }
   void sync() const {
-    cuda::device_guard g(device_);
-    cuda::check_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize in gflow::inproc_device::transport");
+    gflow::detail::cuda::device_guard g(device_);
+    gflow::detail::cuda::check_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize in gflow::inproc_device::transport");
   }
   template <class T, class F>
   void in_place(T* buf, std::size_t n, F&& run) {
@@ -158,7 +158,7 @@ class transport : public transport_base<device_memory> {
     sync();  // the buffer's producers, enqueued on this rank's stream, are done
     std::vector<T> h(n);
     if (n) {
-      cuda::check_cuda(cudaMemcpyAsync(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, stream_.get()),
+      gflow::detail::cuda::check_cuda(cudaMemcpyAsync(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, stream_.get()),
                        "cudaMemcpyAsync of an in-process device collective's input");
       sync();
     }
@@ -169,8 +169,8 @@ class transport : public transport_base<device_memory> {
     // On the rank's stream, so the kernels enqueued next see the result; the pageable source is
     // staged before cudaMemcpyAsync returns, so h may go at once.
     if (n) {
-      cuda::device_guard g(device_);
-      cuda::check_cuda(cudaMemcpyAsync(d, h, n * sizeof(T), cudaMemcpyHostToDevice, stream_.get()),
+      gflow::detail::cuda::device_guard g(device_);
+      gflow::detail::cuda::check_cuda(cudaMemcpyAsync(d, h, n * sizeof(T), cudaMemcpyHostToDevice, stream_.get()),
                        "cudaMemcpyAsync of an in-process device collective's result");
     }
   }
@@ -188,7 +188,7 @@ void run(int ranks, Fn&& fn, int device = 0, std::chrono::milliseconds timeout =
   inproc::run(
       ranks,
       [&](inproc::transport& h) {
-        cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice for an in-process device rank");
+        gflow::detail::cuda::check_cuda(cudaSetDevice(device), "cudaSetDevice for an in-process device rank");
         transport t(h, device);
         fn(t);
       },

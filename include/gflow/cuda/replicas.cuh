@@ -16,8 +16,8 @@
 
 #include "../layout.hpp"
 #include "../replicas.hpp"
-#include "../support/fingerprint.hpp"
-#include "check.cuh"
+#include "../detail/support/fingerprint.hpp"
+#include "../detail/cuda/check.cuh"
 
 namespace gflow::detail {
 

@@ -1,5 +1,5 @@
 #pragma once
-// LARS: layer-wise adaptive rate scaling (You et al. 2017; paper 001 section 4.1, which keeps it
+// LARS: layer-wise adaptive rate scaling (You et al. 2017; Jia et al. section 4.1, which keeps it
 // in fp32 because the local learning rate underflows in fp16).
 //
 // Per layer l, the local learning rate (trust ratio) is
@@ -24,7 +24,7 @@
 namespace gflow::optim {
 
 struct lars_options {
-  float coefficient = 0.001f;  // eta in You et al.; paper 001 uses 0.001
+  float coefficient = 0.001f;  // eta in You et al.; Jia et al. uses 0.001
   float weight_decay = 0.0f;
 };
 
@@ -47,7 +47,7 @@ class lars {
   explicit lars(lars_options o = {}) : o_(o) {
     if (!(std::isfinite(o.coefficient) && o.coefficient > 0.0f))
       throw invalid_argument("lars_coefficient", fmt::format("the LARS coefficient must be finite and positive (got {:f}).", o.coefficient),
-                             "pass e.g. 0.001 (paper 001); raise the global learning rate to match.");
+                             "pass e.g. 0.001 (Jia et al.); raise the global learning rate to match.");
     if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0f))
       throw invalid_argument("weight_decay", fmt::format("the weight decay must be finite and non-negative (got {:f}).", o.weight_decay),
                              "pass e.g. 0.0005, or 0 for none.");
@@ -56,7 +56,7 @@ class lars {
   /// In place: g = trust * (g + weight_decay * w). Returns the trust ratio.
   float apply(std::span<const float> w, std::span<float> g) const { return apply(w, g, o_.weight_decay); }
 
-  /// The same with a per-layer weight decay (e.g. 0 for biases, as paper 001 does).
+  /// The same with a per-layer weight decay (e.g. 0 for biases, as Jia et al. does).
   float apply(std::span<const float> w, std::span<float> g, float weight_decay) const {
     if (w.size() != g.size())
       throw invalid_argument("gradients", fmt::format("LARS got {} weights and {} gradients.", w.size(), g.size()),

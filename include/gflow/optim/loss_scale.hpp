@@ -1,5 +1,5 @@
 #pragma once
-// Dynamic loss scaling for a 16-bit gradient exchange (paper 001 section 4.1; Micikevicius et al.).
+// Dynamic loss scaling for a 16-bit gradient exchange (Jia et al. section 4.1; Micikevicius et al.).
 //
 // Small gradients underflow to zero in fp16 (below 6e-8) and large ones overflow (above 65504).
 // The trainer multiplies the loss by scale() before backward, so the gradients it writes into the

@@ -1,5 +1,5 @@
 #pragma once
-// Momentum SGD with CSC's update rule (paper 000, Algorithm 1, "SGD Update Step"):
+// Momentum SGD with CSC's update rule (GradientFlow (Sun et al.), Algorithm 1, "SGD Update Step"):
 //
 //   chunk exchanged this iteration:   u = hu = momentum * hu + lr * g;   w = w - u
 //   chunk kept back:                  nothing (hu stays hu, w stays w)
@@ -16,7 +16,7 @@
 // Weights and the velocity hu are indexed like the pool (generation order, plan::pool_plan
 // offsets): keep the parameters in one pool-shaped buffer, or call step() per tensor with the
 // tensor's pool offset. With the Dense sparsifier use step_all() (every element is updated).
-// The CUDA twin is include/gflow/cuda/momentum_sgd.cuh (bit-identical updates).
+// The CUDA twin is include/gflow/detail/cuda/momentum_sgd.cuh (bit-identical updates).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>

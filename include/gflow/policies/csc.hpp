@@ -1,5 +1,5 @@
 #pragma once
-// Sparsifier<CSC<chunk_elems, percent>>: coarse-grained sparse communication (paper 000 section
+// Sparsifier<CSC<chunk_elems, percent>>: coarse-grained sparse communication (GradientFlow (Sun et al.) section
 // 3.2, Figures 17-18, Algorithm 1).
 //
 //   using Exchange = gflow::Exchanger<gflow::Sparsifier<gflow::CSC<32768, 15>>, gflow::Fusion<4 << 20>>;
@@ -46,7 +46,7 @@
 // the 16-bit encoding rounds. What no rank can keep is the rounding of the 16-bit sum itself
 // (the wire carries W(sum of the ranks' W values)).
 //
-// Chunk norms (paper 000, Figure 18): each rank computes, per chunk, the L1 norm of
+// Chunk norms (GradientFlow (Sun et al.), Figure 18): each rank computes, per chunk, the L1 norm of
 //   - chunks in S: the exchanged values divided by P as a sum, i.e. L1(sum over ranks) / P (the
 //     paper's "divide its L1 norm by the number of GPUs": the allreduce then restores L1(sum));
 //   - other chunks: its own accumulated gradient g + hg (before the momentum scaling).
@@ -81,7 +81,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../engines/csc.hpp"
+#include "../detail/engines/csc.hpp"
 #include "sparsifier.hpp"
 
 namespace gflow {

@@ -1,6 +1,6 @@
 #pragma once
-// Fusion<threshold, first_bucket>: lazy allreduce (paper 000 section 3.1; tensor fusion in
-// paper 001). Buckets are contiguous pool ranges of whole tensors, closed once they hold at
+// Fusion<threshold, first_bucket>: lazy allreduce (GradientFlow (Sun et al.) section 3.1; tensor fusion in
+// Jia et al.). Buckets are contiguous pool ranges of whole tensors, closed once they hold at
 // least `threshold` bytes on the wire; a bucket is launched, without copying, as soon as the
 // contiguous ready prefix of the pool covers it. An optional smaller first bucket starts
 // communication early (PyTorch DDP: 1 MiB, then 25 MiB). Both numbers can be overridden at run
@@ -14,7 +14,7 @@
 namespace gflow {
 
 /// Fusion<Auto>: the threshold and first bucket are chosen, and re-chosen when measurements
-/// drift, by the auto-tuner (gflow/tuner.hpp), from the fitted alpha-beta cost of the buckets and
+/// drift, by the auto-tuner (gflow/detail/exchanger/tuner.hpp), from the fitted alpha-beta cost of the buckets and
 /// the times at which tensors become ready. It starts from 4 MiB.
 inline constexpr std::size_t Auto = ~std::size_t{0};
 

@@ -1,5 +1,5 @@
 #pragma once
-// Sparsifier<OkTopK<density>>: Ok-Topk (Li & Hoefler, "Near-optimal sparse allreduce for
+// Sparsifier<OkTopK<density>>: Ok-Topk (Li and Hoefler, "Near-optimal sparse allreduce for
 // distributed deep learning", PPoPP'22), a sparse allreduce whose traffic per rank stays below
 // about 4k(P-1)/P entries (index + value) whatever P is, where TopK's all_gather sends k(P-1)
 // and GTopK's tree ceil(log2 P) k plus a broadcast.
@@ -51,7 +51,7 @@
 // all_gather; a bad result block is seen by every rank alike. On any error every rank puts its own
 // selection back into its residual first.
 //
-// Parameters (set_params; detail::oktopk_params, defaults from the authors' code): threshold_period
+// Parameters (ex.sparsifier().set_params(gflow::oktopk_params{...}); defaults from the authors' code): threshold_period
 // 32, boundary_period 64, local_adapt 1.012, global_adapt 1.008, capacity 2. Densities and
 // schedules: set_density / set_schedule as TopK. Checkpoints hold TopK's fields plus the
 // parameters and, per unit, both thresholds and the boundaries (re-sharded onto another number
@@ -64,14 +64,14 @@
 // run on the host on copies of the selection (engines/oktopk/engine.hpp), with the same bits.
 #include <concepts>
 
-#include "../engines/oktopk.hpp"
+#include "../detail/engines/oktopk.hpp"
 #include "family.hpp"
 #include "sparsifier.hpp"
 
 namespace gflow {
 
 /// Ok-Topk: split-and-reduce over balanced regions, then an allgatherv of the entries above a
-/// global threshold (Li & Hoefler, PPoPP'22).
+/// global threshold (Li and Hoefler).
 template <double Density>
 struct OkTopK {
   static_assert(Density > 0.0 && Density <= 1.0,
@@ -82,6 +82,10 @@ struct OkTopK {
   template <class Ctx>
   using engine = detail::oktopk_engine<Ctx, Density>;
 };
+
+/// OkTopK's run-time parameters (ex.sparsifier().set_params(p); same on every rank, between
+/// iterations): threshold_period, boundary_period, local_adapt, global_adapt, capacity.
+using oktopk_params = detail::oktopk_params;
 
 static_assert(sparsifier_policy<Sparsifier<OkTopK<0.001>>>);
 }  // namespace gflow

@@ -1,5 +1,5 @@
 #pragma once
-// Overlap<S>: who issues the collectives and when (paper 000 section 2.6; paper 002's designs).
+// Overlap<S>: who issues the collectives and when (GradientFlow (Sun et al.) section 2.6; Mamidala's designs).
 // Whatever the strategy, every rank issues the same collectives in the same order on each
 // communicator, decided by the bucket plan, whatever order ready() is called in.
 //
@@ -8,13 +8,13 @@
 //                 (Measured: on MPI, starting every bucket with MPI_Iallreduce and waiting at
 //                 finish() was 1.9x slower than blocking MPI_Allreduce per bucket on resnet50 -
 //                 nothing progresses them in between. See docs/BENCHMARKS.md.)
-//   Funneled      paper 002's funneled design: one issuing thread per exchanger performs every
+//   Funneled      Mamidala's funneled design: one issuing thread per exchanger performs every
 //                 collective, in pool order; ready() only posts the bucket and returns.
-//   Concurrent<N> paper 002's concurrent communicators: N issuing threads, each with its own
+//   Concurrent<N> Mamidala's concurrent communicators: N issuing threads, each with its own
 //                 communicator split from the transport once, at construction; bucket b always goes
 //                 to communicator b mod N, so at most N collectives are outstanding and each
 //                 communicator sees the same order on every rank.
-//   Chained       paper 002's dependency chaining: one issuing thread starts each bucket's
+//   Chained       Mamidala's dependency chaining: one issuing thread starts each bucket's
 //                 non-blocking collective as soon as it is ready, and completes them in order, so
 //                 later buckets start before earlier ones end. Needs a sparsifier whose exchange
 //                 splits into phases (Dense).

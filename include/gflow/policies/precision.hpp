@@ -2,7 +2,7 @@
 // Precision<W>: the element type on the wire. fp32 exchanges the pool as it is; fp16 / bf16
 // divide by P (when averaging) and cast with round-to-nearest-even before the collective, so
 // the sum cannot overflow where the fp32 sum would not, and cast back after it. Non-finite
-// results are counted and reported by Exchanger::finish() (paper 000 section 2.5, paper 001
+// results are counted and reported by Exchanger::finish() (GradientFlow (Sun et al.) section 2.5, Jia et al.
 // section 4.1).
 #include <concepts>
 #include <string_view>

@@ -2,7 +2,7 @@
 // Sparsifier<S>: what part of the pool is exchanged, and what is kept back as residual.
 //
 // A scheme S provides an engine, built once per exchanger over its exchange context
-// (engines/context.hpp); the contract is the concept gflow::detail::sparsifier_engine
+// (engines/context.hpp); the contract is the concept gflow::sparsifier_engine
 // (engines/concepts.hpp), asserted after each engine:
 //
 //   template <class Ctx> class engine {
@@ -12,8 +12,8 @@
 //     void end_iteration();           // after the last bucket (selection for the next iteration)
 //     std::size_t wire_bytes() const; // bytes this rank handed to collectives this iteration
 //     // checkpoints (Exchanger::save_state / load_state, between iterations):
-//     void save_state(detail::checkpoint_writer&) const;
-//     saved_state read_state(detail::checkpoint_reader&) const;  // reads and validates, changes nothing
+//     void save_state(gflow::checkpoint_writer&) const;
+//     saved_state read_state(gflow::checkpoint_reader&) const;  // reads and validates, changes nothing
 //     void restore_state(saved_state&&);                         // applies it
 //   };
 //
@@ -28,9 +28,9 @@
 #include <cstddef>
 #include <type_traits>
 
-#include "../engines/archetype.hpp"
-#include "../engines/concepts.hpp"
-#include "../engines/dense.hpp"
+#include "../detail/engines/archetype.hpp"
+#include "../detail/engines/concepts.hpp"
+#include "../detail/engines/dense.hpp"
 #include "family.hpp"
 
 namespace gflow {
@@ -43,7 +43,7 @@ struct Dense {
 
 /// A sparsification scheme: a class whose member template engine<Ctx> is the engine over an
 /// exchange context (Dense, CSC<chunk, percent>, TopK<d>, GTopK<d>, OkTopK<d>, or one's own; the engine's
-/// contract is detail::sparsifier_engine).
+/// contract is gflow::sparsifier_engine, <gflow/extension.hpp>).
 template <class S>
 concept sparsifier_scheme = requires { typename S::template engine<detail::archetype_context<>>; };
 

@@ -1,11 +1,11 @@
 #pragma once
 // Sparsifier<TopK<density>> and Sparsifier<GTopK<density>>: Top-k sparsification with
-// residuals (paper 003 Algorithm 1) and global Top-k by a tree of pairwise merges
-// (paper 003 Algorithms 3 and 4), for any number of ranks.
+// residuals (gTop-k (Shi et al.) Algorithm 1) and global Top-k by a tree of pairwise merges
+// (gTop-k (Shi et al.) Algorithms 3 and 4), for any number of ranks.
 //
 //   using Exchange = gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.001>>, gflow::Fusion<4 << 20>>;
 //   Exchange::on<gflow::mpi::transport> ex(comm, layout);
-//   ex.sparsifier().set_schedule(gflow::plan::density_schedule::paper003(iterations_per_epoch));
+//   ex.sparsifier().set_schedule(gflow::density_schedule::gtopk_warmup(iterations_per_epoch));
 //
 // The density is a C++20 floating-point template argument (g++ 12 and nvcc 13 accept it); it
 // must lie in (0, 1] (static_assert). It is the final density of the default schedule; the
@@ -75,11 +75,17 @@
 // The engine (memory spaces, buffers) is detail::topk_engine in engines/topk.hpp.
 #include <concepts>
 
-#include "../engines/topk.hpp"
+#include "../detail/engines/topk.hpp"
 #include "family.hpp"
 #include "sparsifier.hpp"
 
 namespace gflow {
+
+/// A density schedule for TopK, GTopK and OkTopK (ex.sparsifier().set_schedule(s)): constant(d),
+/// per_iteration(steps, final), per_epoch(densities, final, iterations_per_epoch), gtopk_warmup(...).
+using density_schedule = detail::plan::density_schedule;
+/// One step of a schedule: `density` until iteration `until` (exclusive).
+using density_step = detail::plan::density_step;
 
 namespace detail {
 /// What TopK<d> and GTopK<d> share: the density, the scheme, the engine they name, and that their
@@ -94,7 +100,7 @@ struct topk_tag {
 };
 }  // namespace detail
 
-/// Top-k sparsification, exchanged by one all_gather (paper 003 Algorithm 1).
+/// Top-k sparsification, exchanged by one all_gather (gTop-k (Shi et al.) Algorithm 1).
 template <double Density>
 struct TopK : detail::topk_tag<Density, false> {
   static_assert(Density > 0.0 && Density <= 1.0,
@@ -102,7 +108,7 @@ struct TopK : detail::topk_tag<Density, false> {
                 "e.g. 0.001). For an exchange of everything use gflow::Sparsifier<gflow::Dense>.");
 };
 
-/// Global Top-k by pairwise tree merges and a broadcast (paper 003 Algorithms 3 and 4), any P.
+/// Global Top-k by pairwise tree merges and a broadcast (gTop-k (Shi et al.) Algorithms 3 and 4), any P.
 template <double Density>
 struct GTopK : detail::topk_tag<Density, true> {
   static_assert(Density > 0.0 && Density <= 1.0,

@@ -9,7 +9,7 @@
 //
 // Ring: the transport's own allreduce (MPI_Allreduce / ncclAllReduce / in-process).
 //
-// Hierarchical<g> (paper 001 section 4.3, "three-phase all-reduce"): the ranks form groups of
+// Hierarchical<g> (Jia et al. section 4.3, "three-phase all-reduce"): the ranks form groups of
 //   g consecutive ranks (plan/groups.hpp; when g does not divide P the LAST group is smaller),
 //   and a sum runs in three phases:
 //     1. reduce inside each group to its master (its lowest rank),
@@ -32,7 +32,7 @@
 //   the previous one's result on the host, so start runs the three phases blocking and returns
 //   an already completed request (wait is then a no-op): honest, not overlapped.
 //
-// Hybrid<threshold, g> (paper 001 section 4.3, "hybrid all-reduce"): per message, by its size
+// Hybrid<threshold, g> (Jia et al. section 4.3, "hybrid all-reduce"): per message, by its size
 //   on the wire (n * sizeof(wire element)):
 //     size <  threshold  ->  Hierarchical<g>   (small messages: latency-bound, where the paper
 //                                               finds the three-phase algorithm faster)
@@ -49,7 +49,7 @@
 #include <cstddef>
 #include <type_traits>
 
-#include "../engines/topology.hpp"
+#include "../detail/engines/topology.hpp"
 #include "../transport/archetype.hpp"
 #include "../transport/transport.hpp"
 #include "family.hpp"
@@ -105,7 +105,7 @@ struct Hybrid {
 
 /// A topology algorithm: a class whose member template engine<Transport> is the engine over a
 /// transport (Ring, Hierarchical<g>, Hybrid<bytes, g>, or one's own; the engine's contract is
-/// detail::topology_engine).
+/// gflow::topology_engine, <gflow/extension.hpp>).
 template <class A>
 concept topology_algorithm = requires { typename A::template engine<transport_archetype<>>; };
 
@@ -131,7 +131,7 @@ static_assert(topology_policy<Topology<Hybrid<(1 << 20), 8>>>);
 static_assert(detail::topology_engine<Hierarchical<2>::engine<transport_archetype<>>, transport_archetype<>, half> &&
                   detail::topology_engine<Hybrid<1024, 2>::engine<transport_archetype<>>, transport_archetype<>, half> &&
                   detail::checkpointed<Hybrid<1024, 2>::engine<transport_archetype<>>>,
-              "Hierarchical<g>::engine and Hybrid<t, g>::engine must meet gflow::detail::topology_engine (engines/concepts.hpp)");
+              "Hierarchical<g>::engine and Hybrid<t, g>::engine must meet gflow::topology_engine (<gflow/extension.hpp>)");
 // Which topologies write a TOPO section with state into checkpoints (Hybrid: its threshold).
 static_assert(!detail::checkpointed<Ring::engine<transport_archetype<>>> && !detail::checkpointed<Hierarchical<2>::engine<transport_archetype<>>>,
               "Ring and Hierarchical keep no run-time state: their checkpoint section is empty");

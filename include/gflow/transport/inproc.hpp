@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "../error.hpp"
-#include "../kernels/cast.hpp"
+#include "../detail/kernels/cast.hpp"
 #include "inproc/group.hpp"
 #include "transport.hpp"
 

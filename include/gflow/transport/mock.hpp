@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "../error.hpp"
-#include "../kernels/cast.hpp"
+#include "../detail/kernels/cast.hpp"
 #include "transport.hpp"
 
 namespace gflow::mock {
@@ -224,7 +224,7 @@ class transport : public transport_base<host_memory> {
     if (o != reduce_op::sum) return;
     for (std::size_t i = 0; i < n; ++i) {
       if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>)
-        buf[i] = kernels::wire_cast<T>(kernels::to_float(buf[i]) * static_cast<float>(size_));
+        buf[i] = gflow::detail::kernels::wire_cast<T>(gflow::detail::kernels::to_float(buf[i]) * static_cast<float>(size_));
       else
         buf[i] = static_cast<T>(buf[i] * static_cast<T>(size_));
     }

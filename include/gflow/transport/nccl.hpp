@@ -66,8 +66,8 @@
 #include <utility>
 #include <vector>
 
-#include "../cuda/check.cuh"
-#include "../cuda/memory.cuh"
+#include "../detail/cuda/check.cuh"
+#include "../detail/cuda/memory.cuh"
 #include "../dtype.hpp"
 #include "../error.hpp"
 #include "nccl/check.hpp"
@@ -114,7 +114,7 @@ class transport : public detail::comm_watch, public transport_base<device_memory
   /// One rank per device 0..ndev-1 of this process (ncclCommInitAll), each with its own stream.
   static std::vector<transport> init_all(int ndev) {
     int count = 0;
-    cuda::check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount in gflow::nccl::transport::init_all");
+    gflow::detail::cuda::check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount in gflow::nccl::transport::init_all");
     if (ndev < 1 || ndev > count)
       throw invalid_argument("ndev", fmt::format("init_all({}): this process sees {} CUDA device(s).", ndev, count),
                              fmt::format("pass a device count in [1, {}] (check CUDA_VISIBLE_DEVICES).", count));
@@ -139,7 +139,7 @@ class transport : public detail::comm_watch, public transport_base<device_memory
   /// Every device this process sees.
   static std::vector<transport> init_all() {
     int count = 0;
-    cuda::check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount in gflow::nccl::transport::init_all");
+    gflow::detail::cuda::check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount in gflow::nccl::transport::init_all");
     return init_all(count);
   }
 
@@ -157,7 +157,7 @@ class transport : public detail::comm_watch, public transport_base<device_memory
     if (nranks < 1 || rank < 0 || rank >= nranks)
       throw invalid_argument("rank", fmt::format("init_rank: rank {} of {} ranks.", rank, nranks),
                              "pass nranks >= 1 and a rank in [0, nranks).");
-    cuda::device_guard g(device);
+    gflow::detail::cuda::device_guard g(device);
     ncclComm_t comm = nullptr;
     const ncclResult_t r = ncclCommInitRank(&comm, nranks, id, rank);
     if (r != ncclSuccess) detail::fail(r, "ncclCommInitRank", fmt::format("rank {} of {}", rank, nranks), nullptr);
@@ -251,7 +251,7 @@ class transport : public detail::comm_watch, public transport_base<device_memory
     refuse_in_group("barrier");
     live("barrier");
     {
-      cuda::device_guard g(device_);
+      gflow::detail::cuda::device_guard g(device_);
       check(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream()), "barrier (ncclAllReduce)");
     }
     drain("barrier");
@@ -274,15 +274,15 @@ class transport : public detail::comm_watch, public transport_base<device_memory
   void enqueue_wait(const request& r, cudaStream_t other) {
     if (r.seq == 0 && !r.whole_stream) return;
     live("enqueue_wait");
-    cuda::device_guard g(device_);
+    gflow::detail::cuda::device_guard g(device_);
     if (r.whole_stream) {
       refuse_in_group("enqueue_wait on a grouped request");
       const std::uint64_t seq = next_seq_++;
-      cuda::check_cuda(cudaEventRecord(events_[seq % events_.size()], stream()), "cudaEventRecord in gflow::nccl::transport::enqueue_wait");
-      cuda::check_cuda(cudaStreamWaitEvent(other, events_[seq % events_.size()], 0), "cudaStreamWaitEvent");
+      gflow::detail::cuda::check_cuda(cudaEventRecord(events_[seq % events_.size()], stream()), "cudaEventRecord in gflow::nccl::transport::enqueue_wait");
+      gflow::detail::cuda::check_cuda(cudaStreamWaitEvent(other, events_[seq % events_.size()], 0), "cudaStreamWaitEvent");
       return;
     }
-    cuda::check_cuda(cudaStreamWaitEvent(other, events_[r.seq % events_.size()], 0), "cudaStreamWaitEvent");
+    gflow::detail::cuda::check_cuda(cudaStreamWaitEvent(other, events_[r.seq % events_.size()], 0), "cudaStreamWaitEvent");
   }
 
   /// Collective over this transport's ranks: those with the same color form a sub-group,
@@ -293,7 +293,7 @@ class transport : public detail::comm_watch, public transport_base<device_memory
     if (color < 0)
       throw invalid_argument("color", fmt::format("split({}, {}): color must be >= 0.", color, key),
                              "give every rank a non-negative color; ranks that should stay out still need a group of their own.");
-    cuda::device_guard g(device_);
+    gflow::detail::cuda::device_guard g(device_);
     ncclComm_t sub = nullptr;
     check(ncclCommSplit(comm_, color, key, &sub, nullptr), "split (ncclCommSplit)");
     if (sub == nullptr)
@@ -315,12 +315,12 @@ class transport : public detail::comm_watch, public transport_base<device_memory
   void control_all_gather(const T* send, T* recv, std::size_t n) {
     refuse_in_group("control_all_gather");
     live("control_all_gather");
-    cuda::device_guard g(device_);
+    gflow::detail::cuda::device_guard g(device_);
     const std::size_t P = static_cast<std::size_t>(size_);
-    cuda::device_array<T> d(n * (P + 1), "cudaMalloc of a control message buffer");
-    cuda::check_cuda(cudaMemcpyAsync(d.get() + n * P, send, n * sizeof(T), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync of a control message");
+    gflow::detail::cuda::device_array<T> d(n * (P + 1), "cudaMalloc of a control message buffer");
+    gflow::detail::cuda::check_cuda(cudaMemcpyAsync(d.get() + n * P, send, n * sizeof(T), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync of a control message");
     check(ncclAllGather(d.get() + n * P, d.get(), n, detail::data_type<T>(), comm_, stream()), "control_all_gather (ncclAllGather)");
-    cuda::check_cuda(cudaMemcpyAsync(recv, d.get(), n * P * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync of a control message");
+    gflow::detail::cuda::check_cuda(cudaMemcpyAsync(recv, d.get(), n * P * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync of a control message");
     drain("control_all_gather");
   }
   /// broadcast of a few host elements from root, staged like control_all_gather.
@@ -329,11 +329,11 @@ class transport : public detail::comm_watch, public transport_base<device_memory
     check_peer(root, "root");
     refuse_in_group("control_broadcast");
     live("control_broadcast");
-    cuda::device_guard g(device_);
-    cuda::device_array<T> d(n, "cudaMalloc of a control message buffer");
-    cuda::check_cuda(cudaMemcpyAsync(d.get(), buf, n * sizeof(T), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync of a control message");
+    gflow::detail::cuda::device_guard g(device_);
+    gflow::detail::cuda::device_array<T> d(n, "cudaMalloc of a control message buffer");
+    gflow::detail::cuda::check_cuda(cudaMemcpyAsync(d.get(), buf, n * sizeof(T), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync of a control message");
     check(ncclBroadcast(d.get(), d.get(), n, detail::data_type<T>(), root, comm_, stream()), "control_broadcast (ncclBroadcast)");
-    cuda::check_cuda(cudaMemcpyAsync(buf, d.get(), n * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync of a control message");
+    gflow::detail::cuda::check_cuda(cudaMemcpyAsync(buf, d.get(), n * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync of a control message");
     drain("control_broadcast");
   }
 
@@ -349,17 +349,17 @@ class transport : public detail::comm_watch, public transport_base<device_memory
       check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
       check(ncclCommCount(comm_, &size_), "ncclCommCount");
       check(ncclCommCuDevice(comm_, &device_), "ncclCommCuDevice");
-      cuda::device_guard g(device_);
+      gflow::detail::cuda::device_guard g(device_);
       events_.reserve(event_ring_size);
       for (std::size_t i = 0; i < event_ring_size; ++i) {
         cudaEvent_t e = nullptr;
-        cuda::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags for gflow::nccl::transport");
+        gflow::detail::cuda::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags for gflow::nccl::transport");
         events_.push_back(e);
       }
       void* p = nullptr;
-      cuda::check_cuda(cudaMalloc(&p, sizeof(std::int32_t)), "cudaMalloc of the barrier scratch int");
+      gflow::detail::cuda::check_cuda(cudaMalloc(&p, sizeof(std::int32_t)), "cudaMalloc of the barrier scratch int");
       scratch_ = static_cast<std::int32_t*>(p);
-      cuda::check_cuda(cudaMemsetAsync(scratch_, 0, sizeof(std::int32_t), stream()), "cudaMemsetAsync of the barrier scratch int");
+      gflow::detail::cuda::check_cuda(cudaMemsetAsync(scratch_, 0, sizeof(std::int32_t), stream()), "cudaMemsetAsync of the barrier scratch int");
     } catch (...) {
       if (!owns_comm_) comm_ = nullptr;  // a borrowed communicator stays with its owner
       release();
@@ -368,10 +368,10 @@ class transport : public detail::comm_watch, public transport_base<device_memory
   }
 
   static std::shared_ptr<CUstream_st> make_stream(int device) {
-    cuda::device_guard g(device);
+    gflow::detail::cuda::device_guard g(device);
     cudaStream_t s = nullptr;
     // A blocking stream: work on the legacy default stream stays ordered with it.
-    cuda::check_cuda(cudaStreamCreate(&s), "cudaStreamCreate for gflow::nccl::transport");
+    gflow::detail::cuda::check_cuda(cudaStreamCreate(&s), "cudaStreamCreate for gflow::nccl::transport");
     return std::shared_ptr<CUstream_st>(s, [](CUstream_st* p) { (void)cudaStreamDestroy(p); });
   }
 
@@ -406,7 +406,7 @@ class transport : public detail::comm_watch, public transport_base<device_memory
   template <class Enqueue>
   request issue(const char* op, const char* call, Enqueue enqueue) {
     live(op);
-    cuda::device_guard g(device_);
+    gflow::detail::cuda::device_guard g(device_);
     check(enqueue(), call);
     return record(op);
   }
@@ -427,7 +427,7 @@ class transport : public detail::comm_watch, public transport_base<device_memory
     if (group::active()) return request{0, true};
     const std::uint64_t seq = next_seq_++;
     const cudaError_t e = cudaEventRecord(events_[seq % events_.size()], stream());
-    if (e != cudaSuccess) cuda::check_cuda(e, std::string("cudaEventRecord after ") + op + " on " + who());
+    if (e != cudaSuccess) gflow::detail::cuda::check_cuda(e, std::string("cudaEventRecord after ") + op + " on " + who());
     return request{seq, false};
   }
 

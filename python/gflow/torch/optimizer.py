@@ -226,7 +226,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, composition="dense", 
 
 
 class CSCSGD(torch.optim.Optimizer):
-    """Momentum SGD with CSC's update rule (gflow::optim::momentum_sgd; paper 000, Algorithm 1):
+    """Momentum SGD with CSC's update rule (gflow::optim::momentum_sgd; GradientFlow (Sun et al.), Algorithm 1):
     for the chunks the exchange selected, u = hu = momentum * hu + lr * g and w -= u; the chunks
     kept back are left alone (weights and velocity). Wrap it in DistributedOptimizer with a csc=...
     composition (it reads the selection from the exchanger); sparsifier_momentum=momentum gives

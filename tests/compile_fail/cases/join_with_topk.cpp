@@ -1,4 +1,4 @@
-// build error: gflow::Exchanger::join(): a sparsifier keeps a residual per rank
+// build error: join_needs_a_dense_sparsifier_as_residuals_cannot_be_shadowed
 // build errors: 1
 // join() shadows the others' iterations with zero contributions; a sparse scheme's residual makes that impossible without losing or sending it.
 #include <gflow/exchanger.hpp>

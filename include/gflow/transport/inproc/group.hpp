@@ -16,7 +16,7 @@
 
 #include "../../dtype.hpp"
 #include "../../error.hpp"
-#include "../../kernels/cast.hpp"
+#include "../../detail/kernels/cast.hpp"
 
 namespace gflow::inproc {
 
@@ -102,13 +102,13 @@ using acc_t = std::conditional_t<std::is_same_v<T, half> || std::is_same_v<T, bf
 
 template <class T>
 acc_t<T> load(const T& v) {
-  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return kernels::to_float(v);
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return gflow::detail::kernels::to_float(v);
   else return v;
 }
 
 template <class T>
 T store(acc_t<T> v) {
-  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return kernels::wire_cast<T>(v);
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return gflow::detail::kernels::wire_cast<T>(v);
   else return v;
 }
 
@@ -132,10 +132,10 @@ void reduce16_op(slot& s, group& g, bool all) {
   const std::size_t n = s.sig.count;
   for (std::size_t base = 0; base < n; base += block) {
     const std::size_t m = n - base < block ? n - base : block;
-    (void)kernels::wire_to_float(static_cast<const T*>(s.ptr[0]) + base, acc, m);
-    for (int r = 1; r < g.size; ++r) kernels::accumulate_wire<Op>(static_cast<const T*>(s.ptr[r]) + base, acc, m);
+    (void)gflow::detail::kernels::wire_to_float(static_cast<const T*>(s.ptr[0]) + base, acc, m);
+    for (int r = 1; r < g.size; ++r) gflow::detail::kernels::accumulate_wire<Op>(static_cast<const T*>(s.ptr[r]) + base, acc, m);
     T* first = static_cast<T*>(s.ptr[all ? 0 : s.sig.root]) + base;
-    kernels::to_wire(acc, first, m);
+    gflow::detail::kernels::to_wire(acc, first, m);
     if (all)
       for (int r = 1; r < g.size; ++r) std::memcpy(static_cast<T*>(s.ptr[r]) + base, first, m * sizeof(T));
   }
@@ -152,7 +152,7 @@ void reduce16(slot& s, group& g, bool all) {
 
 template <class T>
 void exec_all_reduce(slot& s, group& g) {
-  if constexpr (kernels::is_wire16<T>) return reduce16<T>(s, g, true);
+  if constexpr (gflow::detail::kernels::is_wire16<T>) return reduce16<T>(s, g, true);
   const std::size_t n = s.sig.count;
   for (std::size_t j = 0; j < n; ++j) {
     acc_t<T> acc = load(static_cast<T*>(s.ptr[0])[j]);
@@ -164,7 +164,7 @@ void exec_all_reduce(slot& s, group& g) {
 
 template <class T>
 void exec_reduce(slot& s, group& g) {
-  if constexpr (kernels::is_wire16<T>) return reduce16<T>(s, g, false);
+  if constexpr (gflow::detail::kernels::is_wire16<T>) return reduce16<T>(s, g, false);
   const std::size_t n = s.sig.count;
   T* root = static_cast<T*>(s.ptr[s.sig.root]);
   for (std::size_t j = 0; j < n; ++j) {

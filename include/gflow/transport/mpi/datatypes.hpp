@@ -12,7 +12,7 @@
 #include <type_traits>
 
 #include "../../dtype.hpp"
-#include "../../kernels/cast.hpp"
+#include "../../detail/kernels/cast.hpp"
 #include "../transport.hpp"
 #include "check.hpp"
 #include "large_count.hpp"
@@ -21,7 +21,7 @@ namespace gflow::mpi::detail {
 
 template <class T, reduce_op Op>
 void combine16(void* in, void* inout, const std::size_t n) noexcept {
-  kernels::combine_wire<Op>(static_cast<const T*>(in), static_cast<T*>(inout), n);  // b = W(a op b), SIMD where available
+  gflow::detail::kernels::combine_wire<Op>(static_cast<const T*>(in), static_cast<T*>(inout), n);  // b = W(a op b), SIMD where available
 }
 
 /// The datatype and the three ops of one 16-bit type, created on first use (thread-safe static

@@ -13,7 +13,7 @@
 #include <thread>
 #include <utility>
 
-#include "../../cuda/check.cuh"
+#include "../../detail/cuda/check.cuh"
 #include "../../error.hpp"
 #include "../timeout.hpp"
 #include "../transport.hpp"
@@ -99,7 +99,7 @@ class comm_watch {
     for (unsigned spins = 0;; ++spins) {
       const cudaError_t e = query();
       if (e == cudaSuccess) return;
-      if (e != cudaErrorNotReady) cuda::check_cuda(e, std::string(op) + " on " + who());
+      if (e != cudaErrorNotReady) gflow::detail::cuda::check_cuda(e, std::string(op) + " on " + who());
       (void)cudaGetLastError();  // cudaErrorNotReady is an answer, not an error: keep it out of later checks
       check_async(op);
       if (spins < 64) continue;

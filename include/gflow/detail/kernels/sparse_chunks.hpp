@@ -1,0 +1,312 @@
+#pragma once
+// Host kernels of coarse-grained sparse communication (CSC, GradientFlow (Sun et al.) section 3.2 and
+// Algorithm 1). These are the references: the CUDA twins in include/gflow/detail/cuda/sparse_chunks.cuh
+// have the same semantics (tests/cuda/test_csc.cu compares them) for the kernels they have (not
+// yet compact_chunks_to_wire, scatter_chunks_counted, scatter_chunks_from_wire: the engine's
+// device path does not exist).
+//
+// The pool of n elements is cut into chunks of C elements: chunk c covers
+// [c * C, min((c + 1) * C, n)), so only the last chunk can be partial. Chunk lists are arrays of
+// 32-bit chunk indices in ascending order (so that compacted chunk j starts at j * C in the buffer).
+//
+//   chunk_l1_norms(pool, n, C, list, count, norms, scale)   norms[c] = scale * sum |pool[i]|, i in chunk c
+//   compact_chunks(pool, hist, n, C, list, count, out)      out = pool + hist over the listed chunks, back to
+//                                                            back; hist = 0 there (Algorithm 1, selected;
+//                                                            the fp32 wire)
+//   compact_chunks_to_wire(pool, hist, n, C, list, count,   g = pool + hist; out = W(g * s) back to back;
+//                          out, s, u)                        hist = g - float(out) * u there, the rounding
+//                                                            error of the 16-bit encoding (0 where that is
+//                                                            inf/NaN); s = 1/P, u = P when averaging, else 1
+//   scatter_chunks(buf, pool, n, C, list, count, norms, s)  pool = buf over the listed chunks; optionally
+//                                                            norms[c] = s * L1 of what was scattered
+//   scatter_chunks_counted(buf, pool, ..., mul, v, norms, s) the same with pool = buf * v when mul (the fp32
+//                                                            average), returning how many values written are
+//                                                            inf/NaN
+//   scatter_chunks_from_wire(wire, pool, ..., norms, s)     pool = float(wire) over the listed chunks, norms as
+//                                                            above; returns how many are inf/NaN
+//   defer_chunks(pool, hist, n, C, list, count, m, norms)   g = pool + hist; norms[c] = L1(g); hist = m * g
+//                                                            (0 where g is inf/NaN); pool = 0 (Algorithm 1,
+//                                                            unselected)
+//   chunk_key(norm)                                          the order selection uses (NaN highest)
+//   select_top_chunks(norms, chunks, k, out)                 out[0, k): the k chunks with the largest norms,
+//                                                            ties to the lower index, ascending;
+//                                                            out[k, chunks): the others, ascending
+//
+// L1 norms are accumulated in double, in a fixed order that every rank shares (all ranks run
+// this code): 8 partial sums, partial k adding |x_j| for the chunk's elements j = k, k + 8,
+// k + 16, ... (j counted from the chunk's first element) in increasing j; the norm is
+// ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)), rounded to float once, then times the scale
+// in float. Eight independent sums instead of one sequential chain let the loops vectorise; the
+// CUDA twins add in yet another order (tests/cuda compare with a tolerance).
+//
+// The loops are written in groups of 8 with restrict-qualified pointers so that GCC and Clang
+// vectorise them (SSE2 baseline; no target flags needed); the pointers of one call must not
+// overlap. Kernels that convert to or from a 16-bit wire type go through kernels/cast.hpp (AVX2 +
+// F16C where available, bitwise identical to the scalar reference).
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+
+#include "cast.hpp"
+
+// GCC -O2 does not vectorise a loop whose trip count is unknown; a fully unrolled group of 8 it
+// does (basic-block SLP), so the groups of 8 below are unrolled explicitly. Not under nvcc, whose
+// front end does not know the pragma (warning 1675) even in host code.
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#define GFLOW_UNROLL8 _Pragma("GCC unroll 8")
+#else
+#define GFLOW_UNROLL8
+#endif
+
+namespace gflow::detail::kernels {
+
+namespace detail {
+inline constexpr std::size_t chunk_begin(std::size_t c, std::size_t C) noexcept { return c * C; }
+inline constexpr std::size_t chunk_end(std::size_t c, std::size_t n, std::size_t C) noexcept {
+  const std::size_t e = (c + 1) * C;
+  return e < n ? e : n;
+}
+
+/// The norm's partial sums (see the header comment): lane k adds |v[j]| for j = k mod 8. v[0]
+/// must sit at a multiple of 8 from its chunk's start.
+inline void l1_add(double (&s)[8], const float* __restrict v, std::size_t m) noexcept {
+  std::size_t j = 0;
+  for (; j + 8 <= m; j += 8)
+    GFLOW_UNROLL8
+    for (std::size_t k = 0; k < 8; ++k) s[k] += std::fabs(static_cast<double>(v[j + k]));
+  for (std::size_t k = 0; j < m; ++j, ++k) s[k] += std::fabs(static_cast<double>(v[j]));
+}
+
+inline float l1_total(const double (&s)[8]) noexcept {
+  return static_cast<float>(((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
+}
+
+/// o = p + h; h = 0.
+inline void add_and_clear(const float* __restrict p, float* __restrict h, float* __restrict o, std::size_t m) noexcept {
+  std::size_t j = 0;
+  for (; j + 8 <= m; j += 8)
+    GFLOW_UNROLL8
+    for (std::size_t k = 0; k < 8; ++k) {
+      o[j + k] = p[j + k] + h[j + k];
+      h[j + k] = 0.0f;
+    }
+  for (; j < m; ++j) {
+    o[j] = p[j] + h[j];
+    h[j] = 0.0f;
+  }
+}
+
+/// out = in (times vs when Mul) over one range, adding |out| to the norm's lanes (out[0] at a
+/// multiple of 8 from its chunk's start); returns how many values written are inf/NaN (m < 2^32).
+template <bool Mul>
+std::size_t scatter_range(const float* __restrict in, float* __restrict out, std::size_t m, float vs, double (&s)[8]) noexcept {
+  std::uint32_t bad[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    float v[8];
+    GFLOW_UNROLL8
+    for (std::size_t l = 0; l < 8; ++l) v[l] = Mul ? in[i + l] * vs : in[i + l];
+    GFLOW_UNROLL8
+    for (std::size_t l = 0; l < 8; ++l) out[i + l] = v[l];
+    GFLOW_UNROLL8
+    for (std::size_t l = 0; l < 8; ++l) s[l] += std::fabs(static_cast<double>(v[l]));
+    GFLOW_UNROLL8
+    for (std::size_t l = 0; l < 8; ++l) bad[l] += nonfinite_bit(v[l]);
+  }
+  for (std::size_t l = 0; i < m; ++i, ++l) {
+    const float v = Mul ? in[i] * vs : in[i];
+    out[i] = v;
+    s[l] += std::fabs(static_cast<double>(v));
+    bad[l] += nonfinite_bit(v);
+  }
+  return std::size_t{bad[0]} + bad[1] + bad[2] + bad[3] + bad[4] + bad[5] + bad[6] + bad[7];
+}
+
+}  // namespace detail
+
+/// norms[list[j]] = scale * (L1 norm of chunk list[j] of the pool), for j < count.
+inline void chunk_l1_norms(const float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count, float* norms,
+                           float scale = 1.0f) noexcept {
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::size_t c = list[j];
+    const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
+    double s[8] = {};
+    detail::l1_add(s, pool + b, e - b);
+    norms[c] = scale * detail::l1_total(s);
+  }
+}
+
+/// Copies the listed chunks of pool + hist back to back into out (when hist is null, of pool
+/// alone) and clears hist there. Returns the elements written.
+inline std::size_t compact_chunks(const float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                  float* out) noexcept {
+  std::size_t k = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::size_t c = list[j];
+    const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
+    if (hist != nullptr) detail::add_and_clear(pool + b, hist + b, out + k, e - b);
+    else if (e > b) std::memcpy(out + k, pool + b, (e - b) * sizeof(float));
+    k += e - b;
+  }
+  return k;
+}
+
+/// compact_chunks for a 16-bit wire, with the cast fused in: per element of the listed chunks,
+/// g = pool + hist, out = wire_cast<W>(g * scale) back to back, and hist keeps the rounding
+/// error of that encoding, g - to_float(out) * unscale, or 0 where that is inf/NaN (g, or its
+/// encoding, not finite: non-finite values never enter the history). With scale = 1/P and
+/// unscale = P (averaging) or both 1 (sums), sum over ranks of (P or 1) * to_float(out) + hist
+/// is the sum of g exactly, as far as the 16-bit sum itself is exact. Returns the elements written.
+template <class W>
+std::size_t compact_chunks_to_wire(const float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                   W* out, float scale, float unscale) noexcept {
+  std::size_t k = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::size_t c = list[j];
+    const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
+    add_to_wire_keep_error(pool + b, hist + b, out + k, e - b, scale, unscale);
+    k += e - b;
+  }
+  return k;
+}
+
+/// The inverse of compact_chunks: the listed chunks of pool = buf, read back to back. When norms
+/// is not null, norms[c] = scale * (L1 norm of the values written into chunk c). Returns the
+/// elements read.
+inline std::size_t scatter_chunks(const float* buf, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                  float* norms = nullptr, float scale = 1.0f) noexcept {
+  std::size_t k = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::size_t c = list[j];
+    const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
+    if (norms != nullptr) {
+      double s[8] = {};
+      for (std::size_t o = b; o < e; o += detail::count_block)
+        (void)detail::scatter_range<false>(buf + k + (o - b), pool + o, e - o < detail::count_block ? e - o : detail::count_block, 1.0f, s);
+      norms[c] = scale * detail::l1_total(s);
+    } else if (e > b) {
+      std::memcpy(pool + b, buf + k, (e - b) * sizeof(float));
+    }
+    k += e - b;
+  }
+  return k;
+}
+
+/// The end of an fp32 exchange of compacted chunks fused with the scatter: the listed chunks of
+/// pool = buf * value_scale when `multiply` (the average), else a copy of buf (bits kept), read
+/// back to back; norms as scatter_chunks. Returns how many values written are inf or NaN (what
+/// scale_in_place / count_nonfinite would count over the buffer).
+inline std::size_t scatter_chunks_counted(const float* buf, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                          bool multiply, float value_scale, float* norms, float norm_scale) noexcept {
+  std::size_t k = 0, bad = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::size_t c = list[j];
+    const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
+    double s[8] = {};
+    for (std::size_t o = b; o < e; o += detail::count_block) {  // count_block: a multiple of 8, counts fit 32 bits
+      const std::size_t m = e - o < detail::count_block ? e - o : detail::count_block;
+      bad += multiply ? detail::scatter_range<true>(buf + k + (o - b), pool + o, m, value_scale, s)
+                      : detail::scatter_range<false>(buf + k + (o - b), pool + o, m, 1.0f, s);
+    }
+    if (norms != nullptr) norms[c] = norm_scale * detail::l1_total(s);
+    k += e - b;
+  }
+  return bad;
+}
+
+/// The inverse of compact_chunks_to_wire after the exchange: the listed chunks of pool =
+/// to_float(wire), read back to back; norms as scatter_chunks. Returns how many values are inf
+/// or NaN.
+template <class W>
+std::size_t scatter_chunks_from_wire(const W* wire, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
+                                     float* norms, float norm_scale) noexcept {
+  constexpr std::size_t block = 4096;  // a multiple of 8: the norm's lanes run on across blocks
+  std::size_t k = 0, bad = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::size_t c = list[j];
+    const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
+    double s[8] = {};
+    for (std::size_t o = b; o < e; o += block) {
+      const std::size_t mb = e - o < block ? e - o : block;
+      bad += wire_to_float(wire + k + (o - b), pool + o, mb);
+      if (norms != nullptr) detail::l1_add(s, pool + o, mb);  // just written: in L1
+    }
+    if (norms != nullptr) norms[c] = norm_scale * detail::l1_total(s);
+    k += e - b;
+  }
+  return bad;
+}
+
+/// Algorithm 1 for the chunks that are not exchanged this iteration: the accumulated gradient
+/// g = pool + hist stays local, its L1 norm goes to norms[c] (when norms is not null), the
+/// history keeps momentum * g, and the pool is cleared (the optimizer sees no gradient there).
+/// A non-finite g is not kept (its history element becomes 0: an inf/NaN in the history would
+/// poison every later exchange of the chunk); it still makes the chunk's norm inf/NaN, which is
+/// how the engine reports it on every rank once the norms are allreduced.
+inline void defer_chunks(float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count, float momentum,
+                         float* norms) noexcept {
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::size_t c = list[j];
+    const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
+    float* __restrict p = pool + b;
+    float* __restrict h = hist + b;
+    const std::size_t m = e - b;
+    double s[8] = {};
+    std::size_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+      float g[8];
+      GFLOW_UNROLL8
+      for (std::size_t l = 0; l < 8; ++l) g[l] = p[i + l] + h[i + l];
+      GFLOW_UNROLL8
+      for (std::size_t l = 0; l < 8; ++l) s[l] += std::fabs(static_cast<double>(g[l]));
+      GFLOW_UNROLL8
+      for (std::size_t l = 0; l < 8; ++l) h[i + l] = finite_or_zero(momentum * g[l]);
+      GFLOW_UNROLL8
+      for (std::size_t l = 0; l < 8; ++l) p[i + l] = 0.0f;
+    }
+    for (std::size_t l = 0; i < m; ++i, ++l) {
+      const float g = p[i] + h[i];
+      s[l] += std::fabs(static_cast<double>(g));
+      h[i] = finite_or_zero(momentum * g);
+      p[i] = 0.0f;
+    }
+    if (norms != nullptr) norms[c] = detail::l1_total(s);
+  }
+}
+
+/// The order chunk selection uses, as an unsigned key: larger key = more important. Finite
+/// values and infinities keep their order; every NaN ranks above +inf, so a chunk whose norm is
+/// NaN is exchanged (and reported) rather than kept back forever.
+constexpr std::uint32_t chunk_key(float norm) noexcept {
+  const std::uint32_t b = std::bit_cast<std::uint32_t>(norm);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;  // NaN
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);        // the usual float -> ordered uint map
+}
+
+/// Top-k chunk selection with a deterministic tie-break: out[0, k) holds the k chunks with the
+/// largest chunk_key(norms[c]), equal keys going to the lower chunk index, in ascending index
+/// order; out[k, chunks) holds every other chunk, ascending. k is clamped to [0, chunks].
+/// Allocates nothing (out is the scratch). Every rank that passes the same norms gets the same
+/// lists.
+inline void select_top_chunks(const float* norms, std::size_t chunks, std::size_t k, std::uint32_t* out) {
+  if (k > chunks) k = chunks;
+  std::iota(out, out + chunks, std::uint32_t{0});
+  if (k != 0 && k != chunks) {
+    // A strict total order (key descending, then index ascending): nth_element is deterministic.
+    auto more_important = [norms](std::uint32_t a, std::uint32_t b) {
+      const std::uint32_t ka = chunk_key(norms[a]), kb = chunk_key(norms[b]);
+      return ka != kb ? ka > kb : a < b;
+    };
+    std::nth_element(out, out + k, out + chunks, more_important);
+    std::sort(out, out + k);
+    std::sort(out + k, out + chunks);
+  }
+}
+
+}  // namespace gflow::detail::kernels
+
+#undef GFLOW_UNROLL8
