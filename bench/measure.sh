@@ -148,7 +148,7 @@ for s in "${sections[@]}"; do
         run "sp_oktopk_resnet50_mpi_4_r$r" sparse --layout resnet50 --ranks 4 --density 0.001,0.01 --gradients fresh --warmup 30 --iters 7
       done
       for p in 8 16; do
-        "$root/bench/netem.sh" down "$p" > /dev/null 2>&1 || true
+        "$root/bench/netem.sh" down "$p" > /dev/null  # idempotent: whatever an earlier run left
         "$root/bench/netem.sh" up "$p" 1gbit > /dev/null
         for r in $(seq 1 "$repeats"); do
           netrun "net_sp_oktopk_resnet50_${p}_r$r" "$p" sparse --layout resnet50 --density 0.001,0.01 --gradients fresh --warmup 30 --iters 7
@@ -158,7 +158,7 @@ for s in "${sections[@]}"; do
     netem)
       [[ "$(id -u)" == 0 ]] || { echo "bench/measure.sh netem: run as root (bench/netem.sh makes network namespaces)" >&2; exit 2; }
       "$root/bench/run" kernels --layout resnet20 > /dev/null 2>&1  # builds the benchmark as bench/run does
-      "$root/bench/netem.sh" down 8 > /dev/null 2>&1 || true      # whatever an earlier run left
+      "$root/bench/netem.sh" down 8 > /dev/null  # idempotent: whatever an earlier run left
       "$root/bench/netem.sh" up 4 1gbit > /dev/null
       netrun net_sp_resnet50_4 4 sparse --layout resnet50 --quick --density 0.001,0.01
       netrun net_sp_alexnet_4 4 sparse --layout alexnet --quick --density 0.001,0.01
@@ -168,7 +168,11 @@ for s in "${sections[@]}"; do
       for r in $(seq 1 "$repeats"); do
         for p in 2 4 8; do
           "$root/bench/netem.sh" up "$p" 1gbit > /dev/null
-          netrun "net_model_resnet50_${p}_r$r" "$p" model --layout resnet50 --reps 15 --iters 15 || true
+          if ! netrun "net_model_resnet50_${p}_r$r" "$p" model --layout resnet50 --reps 15 --iters 15; then
+            "$root/bench/netem.sh" down "$p" > /dev/null
+            echo "bench/measure.sh netem: the network model run on $p ranks failed; see $out/net_model_resnet50_${p}_r$r.log" >&2
+            exit 1
+          fi
           "$root/bench/netem.sh" down "$p" > /dev/null
         done
       done
