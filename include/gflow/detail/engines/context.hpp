@@ -109,6 +109,29 @@ struct exchange_context {
   template <class E>
   void sum(E* buf, std::size_t n) { run(buf, n); }
 
+  /// A sparse wire: every rank's k (index, value) pairs to every rank, in rank order (all_idx and
+  /// all_val hold k * ranks() entries; k must be the same on every rank). The values travel in
+  /// the Precision policy's wire type: cast with round-to-nearest-even before the all_gather and
+  /// widened after it (inf / NaN among the received values counted, as dense_allreduce counts
+  /// them), so an fp16 composition sends k halves. Indices travel as they are. `wire` is scratch
+  /// for (ranks() + 1) * k wire elements (unused with an fp32 wire). Not averaged: the caller sums
+  /// what it receives and scales by mean_scale(). Goes straight to the transport (an all_gather
+  /// has no topology); host backends complete before returning, stream-ordered ones queue it.
+  template <class I>
+  void all_gather_sparse(const I* idx, const float* val, std::size_t k, I* all_idx, float* all_val, W* wire) {
+    transport->all_gather(idx, all_idx, k);
+    if constexpr (narrow) {
+      W* mine = wire + k * static_cast<std::size_t>(ranks());
+      kernels->scale_to_wire(val, mine, k, 1.0f);
+      transport->all_gather(mine, wire, k);
+      kernels->wire_to_float(wire, all_val, k * static_cast<std::size_t>(ranks()));  // counts inf / NaN
+    } else {
+      (void)wire;
+      transport->all_gather(val, all_val, k);
+      kernels->count_nonfinite(all_val, k * static_cast<std::size_t>(ranks()));
+    }
+  }
+
  private:
   template <class E>
   void run(E* buf, std::size_t n) {
