@@ -37,30 +37,13 @@ mpi_flags=(--oversubscribe --bind-to none)
 if [[ "$(id -u)" == 0 ]]; then mpi_flags+=(--allow-run-as-root); fi
 gflow_run() { "$root/bench/run" exchange --layout "$layout" --ranks "$ranks" --iters "$iters" --warmup 3 > "$out/gflow_r$1.jsonl"; }
 gloo_run() { mpiexec "${mpi_flags[@]}" -n "$ranks" "$py" "$root/bench/ddp_gloo.py" --layout "$layout" --iters "$iters" --warmup 3 --port $((29500 + $1)) > "$out/gloo_r$1.jsonl"; }
-# How many of repeats 1..R ran on the fast level (their mpi_bucketed within 1.5x of the fastest).
-fast_count() {
-  "$py" - "$out" "$1" <<'PY'
-import json, sys
-out, n = sys.argv[1], int(sys.argv[2])
-m = []
-for r in range(1, n + 1):
-    for line in open(f"{out}/gflow_r{r}.jsonl"):
-        if line.startswith("{") and json.loads(line).get("variant") == "mpi_bucketed":
-            m.append(json.loads(line)["median_s"])
-print(sum(1 for x in m if x <= 1.5 * min(m)))
-PY
-}
-r=0
-while :; do
-  r=$((r + 1))
-  echo "bench/ddp_gloo.sh: repeat $r ($layout, $ranks ranks; $repeats repeats, then until $fast on the fast level)" >&2
-  if ((r % 2)); then gflow_run "$r"; gloo_run "$r"; else gloo_run "$r"; gflow_run "$r"; fi
-  if ((r >= repeats)) && { ((fast == 0)) || (($(fast_count "$r") >= fast)) || ((r >= repeats + 3 * fast)); }; then break; fi
-done
-repeats=$r
-"$py" - "$out" "$repeats" <<'PY'
+# analyse MODE R, over repeats 1..R: "count" prints how many ran on the fast level (their
+# mpi_bucketed within FAST_WITHIN of the fastest repeat's), "summary" prints the table and spreads.
+analyse() {
+  "$py" - "$out" "$2" "$1" <<'PY'
 import json, statistics, sys
-out, repeats = sys.argv[1], int(sys.argv[2])
+out, repeats, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+FAST_WITHIN = 1.5
 def med(path, variant):
     for line in open(path):
         if line.startswith("{"):
@@ -68,17 +51,20 @@ def med(path, variant):
             if j.get("variant") == variant:
                 return j["median_s"]
     sys.exit(f"bench/ddp_gloo.sh: {path} has no variant {variant}")
+hand = [med(f"{out}/gflow_r{r}.jsonl", "mpi_bucketed") for r in range(1, repeats + 1)]
+fast = [m <= FAST_WITHIN * min(hand) for m in hand]
+if mode == "count":
+    print(sum(fast))
+    sys.exit()
 runs = []
 for r in range(1, repeats + 1):
-    g, m = med(f"{out}/gflow_r{r}.jsonl", "gflow"), med(f"{out}/gflow_r{r}.jsonl", "mpi_bucketed")
+    g, m = med(f"{out}/gflow_r{r}.jsonl", "gflow"), hand[r - 1]
     gl = med(f"{out}/gloo_r{r}.jsonl", "gloo_bucketed")
     added = med(f"{out}/gloo_r{r}.jsonl", "ddp_backward") - med(f"{out}/gloo_r{r}.jsonl", "local_backward")
     runs.append((r, g, m, gl, added))
-fastest = min(x[2] for x in runs)
 print(f"{'repeat':>6} {'level':>5} {'gflow ms':>9} {'mpi_bucketed ms':>15} {'gloo_bucketed ms':>16} {'ddp added ms':>12} {'gflow/gloo':>10}")
-for r, g, m, gl, added in runs:
-    level = "fast" if m <= 1.5 * fastest else "slow"
-    print(f"{r:>6} {level:>5} {g*1e3:>9.2f} {m*1e3:>15.2f} {gl*1e3:>16.2f} {added*1e3:>12.2f} {g/gl:>10.3f}")
+for (r, g, m, gl, added), f in zip(runs, fast):
+    print(f"{r:>6} {'fast' if f else 'slow':>5} {g*1e3:>9.2f} {m*1e3:>15.2f} {gl*1e3:>16.2f} {added*1e3:>12.2f} {g/gl:>10.3f}")
 def summary(name, sel):
     if not sel:
         print(f"{name}: no repeat"); return
@@ -86,6 +72,15 @@ def summary(name, sel):
     print(f"{name} ({len(sel)} repeats): gflow median {mg*1e3:.2f} ms, spread {100*(min(gs)/mg-1):+.0f}% / {100*(max(gs)/mg-1):+.0f}%; "
           f"gflow / gloo_bucketed median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")
 summary("all repeats", runs)
-summary("fast level", [x for x in runs if x[2] <= 1.5 * fastest])
+summary("fast level", [x for x, f in zip(runs, fast) if f])
 print(f"(raw files in {out})")
 PY
+}
+r=0
+while :; do
+  r=$((r + 1))
+  echo "bench/ddp_gloo.sh: repeat $r ($layout, $ranks ranks; $repeats repeats, then until $fast on the fast level)" >&2
+  if ((r % 2)); then gflow_run "$r"; gloo_run "$r"; else gloo_run "$r"; gflow_run "$r"; fi
+  if ((r >= repeats)) && { ((fast == 0)) || (($(analyse count "$r") >= fast)) || ((r >= repeats + 3 * fast)); }; then break; fi
+done
+analyse summary "$r"

@@ -12,22 +12,7 @@ endif()
 set(example "${SOURCE_DIR}/examples/00_readme_usage.cpp")
 set(readme "${SOURCE_DIR}/README.md")
 
-# Reads a file as a list of lines (\r stripped, ';' protected).
-function(read_lines path out)
-  file(READ "${path}" text)
-  string(REPLACE "\r" "" text "${text}")
-  string(REPLACE ";" "<semicolon>" text "${text}")
-  string(REPLACE "[" "<lbracket>" text "${text}")
-  string(REPLACE "]" "<rbracket>" text "${text}")
-  string(REPLACE "\n" ";" lines "${text}")
-  set(${out} "${lines}" PARENT_SCOPE)
-endfunction()
-function(restore line out)
-  string(REPLACE "<semicolon>" ";" line "${line}")
-  string(REPLACE "<lbracket>" "[" line "${line}")
-  string(REPLACE "<rbracket>" "]" line "${line}")
-  set(${out} "${line}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/../read_lines.cmake)  # read_lines(), restore()
 
 # ---- the snippet ------------------------------------------------------------------------------
 read_lines("${example}" example_lines)
