@@ -19,6 +19,7 @@ namespace gflow_bench {
                "                          [--quick] [--sweep] [--iters N] [--warmup N] [--compute-ratio R[,R...]] [--trace FILE]\n"
                "                          [--order shuffled|rotated]   (exchange: the variants' order each iteration)\n"
                "                          [--options]   (exchange: also gflow with find_unused, uneven_inputs, learn_order)\n"
+               "                          [--shard]     (exchange: also Sharding<ReduceScatter>: the reduce-scatter alone, and with gather_shards)\n"
                "       bench/run overlap --learn-order   (also each strategy with exchange_options::learn_order; the simulated backward\n"
                "                          marks tensors in <layout>.order when that file exists, e.g. --layout shared_late)\n"
                "       bench/run overlap --autotune [--compute-ratio 0.5,1,2] [--topology hybrid]   (fixed-threshold sweep + Fusion<Auto>,\n"
@@ -87,6 +88,7 @@ options parse(int argc, char** argv) {
     else if (a == "--autotune") o.autotune = true;
     else if (a == "--learn-order") o.learn_order = true;
     else if (a == "--options") o.loop_options = true;
+    else if (a == "--shard") o.shard = true;
     else if (a == "--reps") o.reps = std::stoi(next());
     else if (a == "--density") {
       o.densities.clear();

@@ -39,6 +39,7 @@ struct options {
   std::vector<double> compute_ratios;           // overlap --autotune: several ratios in one run
   int reps = 5;                                 // model: repetitions per size
   bool learn_order = false;                     // overlap: also each strategy with exchange_options::learn_order
+  bool shard = false;                           // exchange --shard: also Sharding<ReduceScatter> (gflow_shard, gflow_shard_gather)
   bool loop_options = false;                    // exchange --options: gflow with find_unused / uneven_inputs / learn_order
 };
 

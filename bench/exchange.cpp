@@ -6,6 +6,9 @@
 //   mpi_bucketed    hand-written MPI_Allreduce per bucket, same buckets as gflow's threshold
 //   mpi_whole       one MPI_Allreduce of the whole pool
 //   gflow           Exchanger<Precision<wire>, Fusion> at the threshold, ready() in generation order
+//   --shard:        gflow_shard         the same with Sharding<ReduceScatter> (a reduce-scatter per bucket)
+//                   gflow_shard_gather  gflow_shard, then gather_shards of a pool-sized parameter buffer
+//                   (the table's vs_gflow column: each one's median / gflow's, ring theory 0.5 and 1.0)
 // Every variant averages (divides by P) and, with a 16-bit wire, divides, casts, reduces with a
 // 16-bit sum operator and casts back, exactly as gflow does. Times are the slowest rank's,
 // per iteration; median, p10 and p90 over the timed iterations after warm-up.
@@ -226,6 +229,27 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
   gflow::mpi::transport untimed(MPI_COMM_WORLD, std::chrono::milliseconds(0));
   on_mpi<E> ex0(untimed, l, eo);
   add_exchanger(&ex0, "gflow_untimed");
+  // --shard: Sharding<ReduceScatter> over the same buckets: the exchange alone, and the exchange
+  // followed by the all-gather of a parameter buffer laid out like the pool (a ZeRO-2 step's traffic).
+  using ES = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Sharding<gflow::ReduceScatter>>;
+  std::optional<on_mpi<ES>> exs, exsg;
+  std::vector<float> params(total);
+  if (o.shard) {
+    exs.emplace(tr, l, eo);
+    add_exchanger(&*exs, "gflow_shard");
+    exsg.emplace(tr, l, eo);
+    vs.push_back({"gflow_shard_gather", 2 * exsg->buckets().size(),
+                  [&] {
+                    for (std::size_t k = l.size(); k-- > 0;) exsg->ready(k);
+                    (void)exsg->finish();
+                    exsg->gather_shards(params);
+                  },
+                  [&] {
+                    std::memcpy(exsg->pool_data(), fresh.data(), total * sizeof(float));
+                    std::memcpy(params.data(), fresh.data(), total * sizeof(float));
+                  },
+                  {}});
+  }
   // With a 16-bit wire, the fp32 exchange of the same pool in the same run (bench/run exchange
   // --wire fp16 reports gflow / gflow_fp32).
   using E32 = gflow::Exchanger<gflow::Precision<gflow::wire::fp32>, gflow::Fusion<(4u << 20)>>;
@@ -319,9 +343,10 @@ int run_exchange_suite(const options& o, const gflow::Layout& l, const std::stri
   }
   if (rank == 0) {
     std::fprintf(stderr, "%-20s %14s %6s %12s %12s %12s %10s %8s %8s\n", "variant", "threshold_B", "colls", "median_ms", "p10_ms", "p90_ms", "vs_bucket",
-                 "paired", o.wire == "fp32" ? "" : "vs_fp32");
-    std::map<std::size_t, double> bucketed, fp32;
+                 "paired", o.shard ? "vs_gflow" : o.wire == "fp32" ? "" : "vs_fp32");
+    std::map<std::size_t, double> bucketed, fp32, plain;
     for (auto& r : all) {
+      if (r.name == "gflow") plain[r.threshold] = r.s.median;
       if (r.name == "mpi_bucketed") bucketed[r.threshold] = r.s.median;
       if (r.name == "gflow_fp32") fp32[r.threshold] = r.s.median;
     }
@@ -330,16 +355,18 @@ int run_exchange_suite(const options& o, const gflow::Layout& l, const std::stri
       const bool ours = r.name.rfind("gflow", 0) == 0;
       const double ratio = (ours && bucketed.count(r.threshold)) ? r.s.median / bucketed[r.threshold] : 0.0;
       const double vs32 = (r.name == "gflow" && fp32.count(r.threshold)) ? r.s.median / fp32[r.threshold] : 0.0;
+      const double vsg = (r.name.rfind("gflow_shard", 0) == 0 && plain.count(r.threshold)) ? r.s.median / plain[r.threshold] : 0.0;
       std::fprintf(stderr, "%-20s %14zu %6zu %12.3f %12.3f %12.3f %10s %8s %8s\n", r.name.c_str(), r.threshold, r.collectives, r.s.median * 1e3,
-                   r.s.p10 * 1e3, r.s.p90 * 1e3, fmt(ratio).c_str(), fmt(r.paired_ratio).c_str(), fmt(vs32).c_str());
+                   r.s.p10 * 1e3, r.s.p90 * 1e3, fmt(ratio).c_str(), fmt(r.paired_ratio).c_str(), fmt(o.shard ? vsg : vs32).c_str());
       std::printf(
           "{\"suite\":\"exchange\",\"layout\":\"%s\",\"ranks\":%d,\"variant\":\"%s\",\"wire\":\"%s\",\"threshold_bytes\":%zu,"
-          "\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"bytes_per_rank\":%zu,\"collectives\":%zu,\"iterations\":%d%s%s%s}\n",
+          "\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"bytes_per_rank\":%zu,\"collectives\":%zu,\"iterations\":%d%s%s%s%s}\n",
           layout_name.c_str(), P, r.name.c_str(), o.wire.c_str(), r.threshold, r.s.median, r.s.p10, r.s.p90,
           r.name == "gflow_fp32" ? l.total_numel() * 4 : payload, r.collectives, o.iters,
           ratio > 0 ? (",\"ratio_vs_mpi_bucketed\":" + std::to_string(ratio)).c_str() : "",
           r.paired_ratio > 0 ? (",\"paired_ratio_vs_mpi_bucketed\":" + std::to_string(r.paired_ratio)).c_str() : "",
-          vs32 > 0 ? (",\"ratio_vs_gflow_fp32\":" + std::to_string(vs32)).c_str() : "");
+          vs32 > 0 ? (",\"ratio_vs_gflow_fp32\":" + std::to_string(vs32)).c_str() : "",
+          vsg > 0 ? (",\"ratio_vs_gflow\":" + std::to_string(vsg)).c_str() : "");
     }
     if (o.sweep) {
       const variant_result* best = nullptr;

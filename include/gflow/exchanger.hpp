@@ -33,10 +33,12 @@
 #include "options.hpp"
 #include "detail/engines/context.hpp"
 #include "detail/engines/host_backend.hpp"
+#include "detail/engines/sharded.hpp"
 #include "detail/exchanger/runners.hpp"
 #include "detail/exchanger/iteration.hpp"
 #include "detail/exchanger/training_loop.hpp"
 #include "detail/exchanger/state_io.hpp"
+#include "detail/exchanger/sharding.hpp"
 #include "detail/exchanger/policy_set.hpp"
 #include "error.hpp"
 #include "layout.hpp"
@@ -75,7 +77,10 @@ class basic_exchanger : private detail::iteration_state {
   using backend = typename detail::backend_or_host<typename T::memory_space>::type;
   using engine_t = typename Set::topology::algorithm::template engine<T>;
   using context_t = detail::exchange_context<T, backend, wire_t, engine_t>;
-  using sparsifier_t = typename Set::sparsifier::scheme::template engine<context_t>;
+  static constexpr bool sharded = Set::sharding::sharded;
+  static_assert(detail::sharding_checks<T, sharded>::ok);
+  using sparsifier_t = std::conditional_t<sharded, detail::sharded_dense_engine<context_t>,
+                                          typename Set::sparsifier::scheme::template engine<context_t>>;
   using runner_t = detail::runner_for<typename Set::overlap::strategy, context_t, sparsifier_t>;
   // The built-in engines are asserted where they are defined; these fire for one's own.
   static_assert(detail::backend_for_transport<backend, T>,
@@ -99,7 +104,8 @@ class basic_exchanger : private detail::iteration_state {
         grads_(pool_.total), kernels_(t), engine_(t) {
     plan(opt_.threshold_bytes.value_or(Set::fusion::threshold_bytes),
          opt_.first_bucket_bytes.value_or(Set::fusion::first_bucket_bytes), /*allow_zero=*/!opt_.threshold_bytes);
-    cx_ = context_t{t_, &engine_, &kernels_, &layout_, &pool_, &buckets_, grads_.data(), opt_.average, &iteration_, &threshold_, &trace_, &contributors_};
+    cx_ = context_t{t_, &engine_, &kernels_, &layout_, &pool_, &buckets_, grads_.data(), opt_.average, &iteration_, &threshold_, &trace_, &contributors_,
+                    sharded ? &shards_ : nullptr};
     sparsifier_.emplace(cx_);
     runner_.emplace(cx_, *sparsifier_);
     if constexpr (autotuned) start_tuner();
@@ -166,6 +172,7 @@ class basic_exchanger : private detail::iteration_state {
     exchange_status st;
     st.iteration = iteration_;
     st.nonfinite = kernels_.take_nonfinite() + runner_->take_nonfinite();
+    if constexpr (sharded) st.nonfinite = detail::sharding_rules::agreed_nonfinite(*t_, st.nonfinite);  // each rank saw its shard only
     if constexpr (detail::counts_collectives<sparsifier_t>)
       st.collectives = sparsifier_->collectives();  // the scheme's own count (norms, gathers, tree rounds)
     else
@@ -190,12 +197,14 @@ class basic_exchanger : private detail::iteration_state {
 
   // join()'s constraint: its name is what the compiler prints when join() is called on a sparse composition.
   static constexpr bool join_needs_a_dense_sparsifier_as_residuals_cannot_be_shadowed = Set::sparsifier::dense;
+  // A joined rank still owns a shard that someone must step: join() and Sharding are not built together yet.
+  static constexpr bool join_is_not_built_for_sharding_yet = !Set::sharding::sharded;
   /// Uneven inputs (exchange_options::uneven_inputs): a rank out of data calls join(); it shadows
   /// the others' iterations with zeros (they average over the ranks that contributed) until every
   /// rank has called it. Sparsifier<Dense> only: a sparse scheme keeps a residual per rank, which
   /// a joined rank could neither send nor drop (the constraint names why when it fails).
   join_status join()
-    requires join_needs_a_dense_sparsifier_as_residuals_cannot_be_shadowed
+    requires join_needs_a_dense_sparsifier_as_residuals_cannot_be_shadowed && join_is_not_built_for_sharding_yet
   {
     return detail::training_loop::join(*this);
   }
@@ -203,6 +212,31 @@ class basic_exchanger : private detail::iteration_state {
   /// Counts the re-layouts of the pool (learn_order, load_state): views obtained before a change
   /// of generation() point at other tensors' gradients; take them again.
   [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
+
+  // ---- sharding (Sharding<ReduceScatter>; docs/GUIDE.md, "Sharding") --------------------------
+  /// This rank's shard: one range of pool elements per bucket (block rank() of each, empty where a
+  /// bucket has fewer elements than ranks). The ranks' shards are disjoint and cover the pool once.
+  /// After finish() the pool holds the average inside them; outside, its values are unspecified.
+  /// It changes only when the buckets are re-planned (set_fusion(), load_state of another pool order).
+  [[nodiscard]] std::span<const pool_range> shard() const noexcept
+    requires sharded
+  {
+    return shards_.mine;
+  }
+  /// In place over `values` (laid out like the pool, pool_size() elements): this rank's shard of
+  /// it goes to every rank and every other rank's shard comes back (an all-gather per bucket), e.g.
+  /// the parameters after each rank stepped its shard. Through the Precision's wire type: with a
+  /// 16-bit wire every value, this rank's own too, is rounded to it. Between iterations only;
+  /// collective (every rank, the same number of calls).
+  void gather_shards(std::span<float> values)
+    requires sharded
+  {
+    between_iterations("gather_shards");
+    if (values.size() != pool_.total)
+      throw invalid_argument("values", fmt::format("gather_shards got {} values; the pool holds {}.", values.size(), pool_.total),
+                             "pass a buffer laid out like the pool (pool_size() elements, tensor i at pool_plan().offset[i]).");
+    sparsifier_->gather(values.data());
+  }
 
   // ---- tuning and introspection ------------------------------------------------------------
   /// Re-plans the buckets (between iterations only; every rank must pass the same numbers).
@@ -287,6 +321,7 @@ class basic_exchanger : private detail::iteration_state {
                                  {opt.threshold_bytes.value_or(Set::fusion::threshold_bytes),
                                   opt.first_bucket_bytes.value_or(Set::fusion::first_bucket_bytes), opt.average, opt.find_unused,
                                   opt.learn_order, opt.uneven_inputs});
+    if constexpr (sharded) detail::sharding_rules::refuse_options(opt);  // after the check: every rank refuses alike
     return layout;
   }
 
@@ -305,7 +340,9 @@ class basic_exchanger : private detail::iteration_state {
     threshold_ = threshold;
     first_bucket_ = first;
     buckets_ = detail::plan::plan_buckets(layout_, pool_, {sizeof(wire_t), threshold, first});
+    if constexpr (sharded) shards_ = detail::plan::plan_shards(buckets_, t_->size(), t_->rank());
   }
+
 
   void check_index(std::size_t i, const char* where) const { iteration_state::check_index(layout_, i, where); }
 
@@ -378,6 +415,7 @@ class basic_exchanger : private detail::iteration_state {
   typename backend::context kernels_;
   engine_t engine_;
   std::vector<detail::plan::bucket> buckets_;
+  detail::plan::shard_plan shards_;  // Sharding<ReduceScatter> only
   context_t cx_{};
   std::optional<sparsifier_t> sparsifier_;
   std::optional<runner_t> runner_;  // last: its issuing threads stop before anything they use goes

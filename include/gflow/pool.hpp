@@ -4,6 +4,7 @@
 // like the pool (parameters, optimizer state) and for policies of one's own (cx.pool, cx.buckets).
 #include "detail/plan/buckets.hpp"
 #include "detail/plan/pool.hpp"
+#include "detail/plan/shards.hpp"
 #include "layout.hpp"
 
 namespace gflow {
@@ -14,6 +15,9 @@ using pool_plan = detail::plan::pool_plan;
 /// One fused bucket of the pool (Exchanger::buckets(), cx.buckets): first_pos, end_pos (pool
 /// positions), offset, count (pool elements).
 using bucket = detail::plan::bucket;
+/// A range of pool elements [begin, end), size(): a shard of one bucket (Exchanger::shard(),
+/// Sharding<ReduceScatter>).
+using pool_range = detail::plan::pool_range;
 
 /// The pool of `layout` before an exchanger exists: the default generation order (last tensor
 /// first), as Exchanger::pool_plan() has it until learn_order or a checkpoint re-lays it out.

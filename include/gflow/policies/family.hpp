@@ -7,6 +7,7 @@ struct fusion_family {};
 struct sparsifier_family {};
 struct topology_family {};
 struct overlap_family {};
+struct sharding_family {};
 
 template <class P>
 concept policy = requires { typename P::gflow_family; };

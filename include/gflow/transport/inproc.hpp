@@ -94,6 +94,25 @@ class transport : public transport_base<host_memory> {
     auto r = post({detail::kind::all_gatherv, dtype_of_v<T>, 0, reduce_op::sum, 0}, recv, send, &detail::exec_all_gatherv<T>, &n, counts);
     wait(r);
   }
+  /// send holds counts[0] + ... + counts[P-1] elements in P packed blocks; recv gets block rank()
+  /// reduced over every rank, in rank order (bitwise what all_reduce gives those elements).
+  /// Every rank must pass the same counts (else mismatch_error on every rank).
+  template <wire_element T>
+  request ireduce_scatter(const T* send, T* recv, const std::size_t* counts, reduce_op op) {
+    return post({detail::kind::reduce_scatter, dtype_of_v<T>, total(counts), op, 0}, recv, send, &detail::exec_reduce_scatter<T>, nullptr, counts);
+  }
+  template <wire_element T>
+  void reduce_scatter(const T* send, T* recv, const std::size_t* counts, reduce_op op) {
+    auto r = ireduce_scatter(send, recv, counts, op);
+    wait(r);
+  }
+  /// buf holds P packed blocks (counts, the same on every rank); block q comes from rank q's buf.
+  template <wire_element T>
+  void all_gatherv_in_place(T* buf, const std::size_t* counts) {
+    auto r = post({detail::kind::all_gatherv_in_place, dtype_of_v<T>, total(counts), reduce_op::sum, 0}, buf, nullptr,
+                  &detail::exec_all_gatherv_in_place<T>, nullptr, counts);
+    wait(r);
+  }
   void barrier() {
     auto r = post({detail::kind::barrier, dtype::u8, 0, reduce_op::sum, 0}, nullptr, nullptr, &detail::exec_barrier);
     wait(r);
@@ -142,6 +161,11 @@ class transport : public transport_base<host_memory> {
 
  private:
   void check_peer(int p, const char* what) const { gflow::detail::check_peer_rank(p, size(), what); }
+  [[nodiscard]] std::size_t total(const std::size_t* counts) const {
+    std::size_t n = 0;
+    for (int q = 0; q < size(); ++q) n += counts[q];
+    return n;
+  }
 
   request post(detail::signature sig, void* buf, const void* cbuf, void (*exec)(detail::slot&, detail::group&),
                const std::size_t* scounts = nullptr, const std::size_t* rcounts = nullptr) {
@@ -254,7 +278,7 @@ class transport : public transport_base<host_memory> {
   int rank_;
   std::uint64_t next_seq_ = 0;
 };
-static_assert(gflow::transport<transport> && gflow::variable_transport<transport>);
+static_assert(gflow::transport<transport> && gflow::variable_transport<transport> && gflow::sharding_transport<transport>);
 
 /// Runs fn(transport&) on `ranks` threads, one rank each, and rethrows the first exception
 /// (lowest rank) after every thread has ended.

@@ -206,6 +206,42 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
     check(MPI_Iallgatherv(send, c, t, recv, rc, rd, t, comm_, &q.r), "all_gatherv");
     wait(q);
   }
+  /// send holds counts[0] + ... + counts[P-1] elements in P packed blocks; recv gets block rank()
+  /// reduced over every rank (MPI_Reduce_scatter). The summation order is this MPI's: with Open MPI
+  /// it equals MPI_Allreduce's at 2 ranks and may differ in the last bits from 3 on.
+  template <wire_element T>
+  request ireduce_scatter(const T* send, T* recv, const std::size_t* counts, reduce_op o) {
+    auto l = std::make_shared<const detail::v_layout>(counts, size_, "reduce_scatter");
+    request q = start("ireduce_scatter", dtype_of_v<T>, counts[rank_]);
+    check(MPI_Ireduce_scatter(send, recv, l->counts.data(), detail::datatype<T>(), detail::op<T>(o), comm_, &q.r), "ireduce_scatter");
+    q.hold = std::move(l);
+    return q;
+  }
+  template <wire_element T>
+  void reduce_scatter(const T* send, T* recv, const std::size_t* counts, reduce_op o) {
+    const detail::v_layout l(counts, size_, "reduce_scatter");
+    request q = start("reduce_scatter", dtype_of_v<T>, counts[rank_]);
+    const MPI_Datatype t = detail::datatype<T>();
+    const MPI_Op mo = detail::op<T>(o);
+    const MPI_Comm m = comm_;
+    const int* rc = l.counts.data();
+    if (blocking(q, [=] { return MPI_Reduce_scatter(send, recv, rc, t, mo, m); })) return;
+    check(MPI_Ireduce_scatter(send, recv, rc, t, mo, comm_, &q.r), "reduce_scatter");
+    wait(q);
+  }
+  /// buf holds P packed blocks (counts, the same on every rank); block q comes from rank q's buf
+  /// (MPI_Allgatherv with MPI_IN_PLACE).
+  template <wire_element T>
+  void all_gatherv_in_place(T* buf, const std::size_t* counts) {
+    const detail::v_layout l(counts, size_, "all_gatherv_in_place");
+    request q = start("all_gatherv_in_place", dtype_of_v<T>, counts[rank_]);
+    const MPI_Datatype t = detail::datatype<T>();
+    const MPI_Comm m = comm_;
+    const int *rc = l.counts.data(), *rd = l.displs.data();
+    if (blocking(q, [=] { return MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, rc, rd, t, m); })) return;
+    check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, rc, rd, t, comm_, &q.r), "all_gatherv_in_place");
+    wait(q);
+  }
   void barrier() {
     request q = start("barrier", dtype::u8, 0);
     const MPI_Comm m = comm_;
@@ -366,6 +402,6 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::shared_ptr<MPI_Comm> owned_;  // set for communicators made by split()
 };
-static_assert(gflow::transport<transport> && gflow::variable_transport<transport>);
+static_assert(gflow::transport<transport> && gflow::variable_transport<transport> && gflow::sharding_transport<transport>);
 
 }  // namespace gflow::mpi

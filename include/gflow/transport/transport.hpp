@@ -18,6 +18,12 @@
 //                                        from rank q (each pair must agree)
 //   all_gatherv(send, n, recv, counts)   rank q's n = counts[q] elements, packed in rank order
 //   (these three: the concept variable_transport below, which Sparsifier<OkTopK> requires)
+//   reduce_scatter(send, recv, counts, op)
+//                                        send holds counts[0] + ... + counts[P-1] elements in P packed
+//                                        blocks; recv gets block rank() reduced over every rank
+//   all_gatherv_in_place(buf, counts)    buf holds P packed blocks; block q comes from rank q (its
+//                                        block in its own buf), every rank ends with all of them
+//   (these two and ireduce_scatter: the concept sharding_transport, for Sharding<ReduceScatter>)
 //   i-forms (iall_reduce, iall_gather, ibroadcast, isend, irecv) return a request; wait(req)
 //   completes it. Buffers must stay valid until then.
 //
@@ -67,6 +73,16 @@ concept variable_transport = transport<T> && requires(T& t, const std::uint8_t* 
   t.all_to_all(cbuf, buf, n);
   t.all_to_allv(cbuf, counts, buf, counts);
   t.all_gatherv(cbuf, n, buf, counts);
+};
+
+/// A transport with the collectives Sharding<ReduceScatter> needs: reduce_scatter (blocking and
+/// non-blocking, for Overlap) and the in-place all_gatherv of ex.gather_shards(). The MPI and
+/// in-process transports have them.
+template <class T>
+concept sharding_transport = transport<T> && requires(T& t, const float* cbuf, float* buf, const std::size_t* counts) {
+  t.reduce_scatter(cbuf, buf, counts, reduce_op::sum);
+  { t.ireduce_scatter(cbuf, buf, counts, reduce_op::sum) } -> std::same_as<typename T::request>;
+  t.all_gatherv_in_place(buf, counts);
 };
 
 namespace detail {

@@ -10,6 +10,7 @@
 #include "../../layout.hpp"
 #include "../plan/buckets.hpp"
 #include "../plan/pool.hpp"
+#include "../plan/shards.hpp"
 #include "../../timeline.hpp"
 
 namespace gflow::detail {
@@ -34,6 +35,7 @@ struct exchange_context {
   const std::size_t* threshold_bytes;    // 0: no fusion (one bucket per tensor)
   timeline* const* trace = nullptr;     // the exchanger's timeline pointer (null: off)
   const int* contributors = nullptr;    // ranks in this iteration's sum (join()); null: every rank
+  const plan::shard_plan* shards = nullptr;  // Sharding<ReduceScatter>: each bucket's blocks; null: not sharded
 
   /// The attached timeline, or null (one load and a branch per use).
   [[nodiscard]] timeline* tracer() const noexcept { return trace ? *trace : nullptr; }

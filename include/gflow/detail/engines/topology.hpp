@@ -35,6 +35,14 @@ class ring_engine {
   template <class W>
   request start(W* buf, std::size_t n) { return t_->iall_reduce(buf, n, reduce_op::sum); }
   void wait(request& r) { t_->wait(r); }
+  // Sharding<ReduceScatter>: the transport's own reduce-scatter of P packed blocks (send), block
+  // rank() of the sum into recv.
+  template <class W>
+    requires sharding_transport<T>
+  void reduce_scatter(const W* send, W* recv, const std::size_t* counts) { t_->reduce_scatter(send, recv, counts, reduce_op::sum); }
+  template <class W>
+    requires sharding_transport<T>
+  request start_reduce_scatter(const W* send, W* recv, const std::size_t* counts) { return t_->ireduce_scatter(send, recv, counts, reduce_op::sum); }
 
  private:
   T* t_;

@@ -13,6 +13,7 @@
 #include "../../policies/oktopk.hpp"
 #include "../../policies/topk.hpp"
 #include "../../policies/topology.hpp"
+#include "../../policies/sharding.hpp"
 
 namespace gflow::detail {
 
@@ -25,8 +26,8 @@ template <class P>
 struct check_is_policy {
   static_assert(policy<P>,
                 "gflow::Exchanger: a template argument is not a gflow policy. Pass only "
-                "gflow::Precision<...>, gflow::Fusion<...>, gflow::Sparsifier<...>, gflow::Topology<...> "
-                "or gflow::Overlap<...> (the offending type is named in the 'required from' line).");
+                "gflow::Precision<...>, gflow::Fusion<...>, gflow::Sparsifier<...>, gflow::Topology<...>, "
+                "gflow::Overlap<...> or gflow::Sharding<...> (the offending type is named in the 'required from' line).");
   static constexpr bool value = true;
 };
 
@@ -54,17 +55,22 @@ struct policy_set {
   static_assert(count_family<overlap_family, Ps...> <= 1,
                 "gflow::Exchanger: more than one Overlap policy. Keep exactly one gflow::Overlap<...>.");
 
+  static_assert(count_family<sharding_family, Ps...> <= 1,
+                "gflow::Exchanger: more than one Sharding policy. Keep exactly one gflow::Sharding<...>.");
+
   using precision = typename pick<precision_family, Precision<>, Ps...>::type;
   using fusion = typename pick<fusion_family, NoFusion, Ps...>::type;
   using sparsifier = typename pick<sparsifier_family, Sparsifier<>, Ps...>::type;
   using topology = typename pick<topology_family, Topology<>, Ps...>::type;
   using overlap = typename pick<overlap_family, Overlap<>, Ps...>::type;
+  using sharding = typename pick<sharding_family, Sharding<>, Ps...>::type;
 
   static_assert(precision_policy<precision>);
   static_assert(fusion_policy<fusion>);
   static_assert(sparsifier_policy<sparsifier>);
   static_assert(topology_policy<topology>);
   static_assert(overlap_policy<overlap>);
+  static_assert(sharding_policy<sharding>);
 
   // Composition rules between families (docs/DESIGN.md, "Which compositions compile").
   static_assert(scheme_uses_topology<typename sparsifier::scheme>() || std::is_same_v<typename topology::algorithm, Ring>,
@@ -72,6 +78,18 @@ struct policy_set {
                 "tree and never use the Topology, so Topology<Hierarchical<g>> or Topology<Hybrid<t, g>> would only split "
                 "the communicator for nothing. Leave Topology out (Ring) with them, or use Hierarchical or Hybrid with "
                 "Sparsifier<Dense> or Sparsifier<CSC<...>>.");
+  static_assert(!sharding::sharded || sparsifier::dense,
+                "gflow::Exchanger: Sharding<ReduceScatter> needs Sparsifier<Dense>. A sparse scheme sends each rank's own "
+                "selection (different indices per rank) and keeps a residual of what it did not send, so no rank can own a "
+                "fixed slice of the sum: drop the Sparsifier, or drop Sharding to compress an allreduce.");
+  static_assert(!sharding::sharded || std::is_same_v<typename topology::algorithm, Ring>,
+                "gflow::Exchanger: Sharding<ReduceScatter> runs over Topology<Ring> (the transport's own reduce-scatter) so far; "
+                "the two-level form for Hierarchical<g> and Hybrid (reduce-scatter in the group, allreduce of each shard "
+                "across groups) is not built yet. Leave Topology out with Sharding.");
+  static_assert(!sharding::sharded || !requires { requires fusion::autotuned; },
+                "gflow::Exchanger: Sharding<ReduceScatter> with Fusion<Auto> is not built yet: the tuner re-cuts the buckets "
+                "while it explores, which would move every rank's shard and the optimizer state a trainer keeps for it. "
+                "Use a fixed Fusion<bytes> (e.g. Fusion<4 << 20>) with Sharding.");
 };
 
 }  // namespace gflow::detail

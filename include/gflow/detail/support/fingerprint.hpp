@@ -94,6 +94,12 @@ std::string composition_name() {
     if (!s.empty()) s += ", ";
     s += part;
   }
+  // Sharding<None> (the default) adds nothing: the names, and the checkpoints and consistency
+  // checks that hash them, stay what they were before the family existed.
+  if constexpr (requires { requires Set::sharding::sharded; }) {
+    s += ", ";
+    s += type_name<typename Set::sharding>();
+  }
   return s;
 }
 

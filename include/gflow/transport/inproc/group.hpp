@@ -22,7 +22,7 @@ namespace gflow::inproc {
 
 namespace detail {
 
-enum class kind : std::uint8_t { all_reduce, all_gather, broadcast, reduce, barrier, split, all_to_all, all_to_allv, all_gatherv };
+enum class kind : std::uint8_t { all_reduce, all_gather, broadcast, reduce, barrier, split, all_to_all, all_to_allv, all_gatherv, reduce_scatter, all_gatherv_in_place };
 
 inline const char* name(kind k) {
   switch (k) {
@@ -35,6 +35,8 @@ inline const char* name(kind k) {
     case kind::all_to_all: return "all_to_all";
     case kind::all_to_allv: return "all_to_allv";
     case kind::all_gatherv: return "all_gatherv";
+    case kind::reduce_scatter: return "reduce_scatter";
+    case kind::all_gatherv_in_place: return "all_gatherv_in_place";
   }
   return "?";
 }
@@ -49,7 +51,7 @@ struct signature {
   [[nodiscard]] std::string str() const {
     std::string s = name(k);
     s += fmt::format("({} x {}", count, to_string(type));
-    if (k == kind::all_reduce || k == kind::reduce) s += ", " + std::string(to_string(op));
+    if (k == kind::all_reduce || k == kind::reduce || k == kind::reduce_scatter) s += ", " + std::string(to_string(op));
     if (k == kind::broadcast || k == kind::reduce) s += fmt::format(", root {}", root);
     return s + ")";
   }
@@ -241,6 +243,71 @@ void exec_all_gatherv(slot& s, group& g) {
       if (c) std::memcpy(static_cast<T*>(s.ptr[dst]) + at, s.cptr[src], c * sizeof(T));
       at += c;
     }
+  }
+}
+
+// reduce_scatter and all_gatherv_in_place: every rank passes the same P block counts (rcounts);
+// the total is in the signature. A rank whose counts differ is a mismatch_error on every rank.
+inline bool same_blocks(slot& s, group& g, const char* op) {
+  const auto P = static_cast<std::size_t>(g.size);
+  for (std::size_t r = 1; r < P; ++r)
+    for (std::size_t q = 0; q < P; ++q)
+      if (s.rcounts[r][q] != s.rcounts[0][q]) {
+        s.error = fmt::format("{}: rank {} gives block {} {} elements, rank 0 gives it {}", op, r, q, s.rcounts[r][q], s.rcounts[0][q]);
+        return false;
+      }
+  return true;
+}
+
+// Block q of every rank's send buffer, reduced in rank order 0, 1, ..., P-1 exactly as
+// exec_all_reduce reduces each element (16-bit types: the same fp32 accumulation and one
+// rounding, through the kernels reduce16_op uses), into rank q's recv buffer: so a
+// reduce_scatter's blocks are bitwise the all_reduce of the same buffers.
+template <class T, reduce_op Op>
+void reduce_block16(slot& s, group& g, std::size_t off, T* out, std::size_t n) {
+  constexpr std::size_t block = 2048;
+  float acc[block];
+  for (std::size_t base = 0; base < n; base += block) {
+    const std::size_t m = n - base < block ? n - base : block;
+    (void)gflow::detail::kernels::wire_to_float(static_cast<const T*>(s.cptr[0]) + off + base, acc, m);
+    for (int r = 1; r < g.size; ++r) gflow::detail::kernels::accumulate_wire<Op>(static_cast<const T*>(s.cptr[r]) + off + base, acc, m);
+    gflow::detail::kernels::to_wire(acc, out + base, m);
+  }
+}
+
+template <class T>
+void exec_reduce_scatter(slot& s, group& g) {
+  if (!same_blocks(s, g, "reduce_scatter")) return;
+  std::size_t off = 0;
+  for (int q = 0; q < g.size; ++q) {
+    const std::size_t n = s.rcounts[0][q];
+    T* out = static_cast<T*>(s.ptr[q]);
+    if constexpr (gflow::detail::kernels::is_wire16<T>) {
+      switch (s.sig.op) {
+        case reduce_op::sum: reduce_block16<T, reduce_op::sum>(s, g, off, out, n); break;
+        case reduce_op::max: reduce_block16<T, reduce_op::max>(s, g, off, out, n); break;
+        case reduce_op::min: reduce_block16<T, reduce_op::min>(s, g, off, out, n); break;
+      }
+    } else {
+      for (std::size_t j = 0; j < n; ++j) {
+        acc_t<T> acc = load(static_cast<const T*>(s.cptr[0])[off + j]);
+        for (int r = 1; r < g.size; ++r) acc = combine(s.sig.op, acc, load(static_cast<const T*>(s.cptr[r])[off + j]));
+        out[j] = store<T>(acc);
+      }
+    }
+    off += n;
+  }
+}
+
+template <class T>
+void exec_all_gatherv_in_place(slot& s, group& g) {
+  if (!same_blocks(s, g, "all_gatherv_in_place")) return;
+  std::size_t off = 0;
+  for (int src = 0; src < g.size; ++src) {
+    const std::size_t n = s.rcounts[0][src];
+    for (int dst = 0; dst < g.size; ++dst)
+      if (dst != src && n) std::memcpy(static_cast<T*>(s.ptr[dst]) + off, static_cast<const T*>(s.ptr[src]) + off, n * sizeof(T));
+    off += n;
   }
 }
 

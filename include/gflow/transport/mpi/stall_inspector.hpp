@@ -59,6 +59,7 @@ class stall_inspector {
     std::uint64_t seq = no_seq;  // collectives: their number on this communicator
     dtype type = dtype::u8;              // what it moves (for timeout messages)
     std::size_t count = 0;
+    std::shared_ptr<const void> hold;    // what a non-blocking v-collective reads until it completes (its int counts)
   };
 
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }

@@ -1,0 +1,48 @@
+#pragma once
+// Sharding<M>: who keeps which part of the exchanged gradient (ZeRO stage 2, "ZeRO: Memory
+// Optimizations Toward Training Trillion Parameter Models"; PyTorch FSDP's SHARD_GRAD_OP).
+//
+//   None           every rank gets the whole averaged gradient (an allreduce per bucket): the
+//                  default, today's data parallelism.
+//   ReduceScatter  each bucket is split into P blocks as the bucket plan cuts the pool (block q
+//                  of a bucket of n elements holds n / P elements, one more for q < n mod P), and
+//                  rank q receives only block q of the average (a reduce-scatter per bucket, the
+//                  same bytes as half a ring allreduce). ex.shard() names this rank's blocks; after
+//                  finish() the pool holds the average there and unspecified values elsewhere. A
+//                  trainer steps its shard (keeping optimizer state for it only: 1/P of the memory)
+//                  and refreshes the parameters with ex.gather_shards(values), an all-gather in place.
+//
+// What composes (docs/GUIDE.md, "Sharding"): every Precision, fixed Fusion<bytes> and NoFusion,
+// every Overlap strategy, Topology<Ring>, no_sync and find_unused, on host memory over the MPI and
+// in-process transports. Refused at compile time with the reason: a sparse Sparsifier, another
+// Topology, Fusion<Auto>, device memory, and join(); learn_order is refused at construction.
+#include <concepts>
+#include <type_traits>
+
+#include "family.hpp"
+#include "overlap.hpp"  // gflow::None
+
+namespace gflow {
+
+struct ReduceScatter {};
+
+template <class M>
+inline constexpr bool is_sharding_mode = std::is_same_v<M, None> || std::is_same_v<M, ReduceScatter>;
+
+template <class M = None>
+struct Sharding {
+  static_assert(is_sharding_mode<M>, "gflow::Sharding<M>: M is not a sharding mode. Use gflow::None or gflow::ReduceScatter.");
+  using gflow_family = sharding_family;
+  using mode = std::conditional_t<is_sharding_mode<M>, M, None>;
+  static constexpr bool sharded = std::is_same_v<mode, ReduceScatter>;
+};
+
+template <class P>
+concept sharding_policy = std::same_as<typename P::gflow_family, sharding_family> && requires {
+  typename P::mode;
+  { P::sharded } -> std::convertible_to<bool>;
+};
+
+static_assert(sharding_policy<Sharding<>> && sharding_policy<Sharding<ReduceScatter>>);
+
+}  // namespace gflow

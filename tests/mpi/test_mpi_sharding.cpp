@@ -1,0 +1,96 @@
+// Sharding<ReduceScatter> over gflow::mpi::transport (mpi_2, mpi_4): the shard against the
+// unsharded exchange (bitwise at 2 ranks, where any summation order is the same; within float
+// rounding of the rank-order sum from 3 ranks on, where Open MPI's MPI_Reduce_scatter and
+// MPI_Allreduce may add in different orders), the shards' cover, gather_shards (every rank the
+// same bits, the owner's values), with fp16 and every Overlap strategy.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <gflow/exchanger.hpp>
+#include <gflow/transport/mpi.hpp>
+
+#include "mpi_test_util.hpp"
+
+namespace {
+
+using gflow::Exchanger;
+using gflow::ReduceScatter;
+using gflow::Sharding;
+
+gflow::Layout layout() { return gflow::Layout::from_sizes({1000, 3, 257, 4096, 1, 77}); }
+
+float g(int rank, int step, std::size_t i, std::size_t j) {
+  return gflow_test::uniform(gflow_test::mix((std::uint64_t(step) << 40) ^ (std::uint64_t(rank) << 32) ^ i), j);
+}
+
+template <class Ex>
+void exchange(Ex& ex, int rank, int step) {
+  for (std::size_t i = 0; i < ex.layout().size(); ++i) {
+    auto v = ex.view(i);
+    for (std::size_t j = 0; j < v.size(); ++j) v[j] = g(rank, step, i, j);
+    ex.ready(i);
+  }
+  REQUIRE(ex.finish().finite());
+}
+
+template <class Plain, class Sharded>
+void shard_matches(gflow::mpi::transport& t) {
+  const auto l = layout();
+  typename Plain::template on<gflow::mpi::transport> a(t, l);
+  typename Sharded::template on<gflow::mpi::transport> b(t, l);
+  const int P = t.size();
+  // the element at pool offset e of tensor i, element j: the average in rank order, in double
+  std::vector<std::pair<std::size_t, std::size_t>> where(b.pool_size());
+  for (std::size_t i = 0; i < l.size(); ++i)
+    for (std::size_t j = 0; j < l[i].numel; ++j) where[b.pool_plan().offset[i] + j] = {i, j};
+  for (int step = 0; step < 2; ++step) {
+    exchange(a, t.rank(), step);
+    exchange(b, t.rank(), step);
+    std::size_t differ = 0, far = 0;
+    for (const gflow::pool_range r : b.shard())
+      for (std::size_t e = r.begin; e < r.end; ++e) {
+        if (std::memcmp(a.pool_data() + e, b.pool_data() + e, sizeof(float)) != 0) ++differ;
+        double ref = 0;
+        for (int q = 0; q < P; ++q) ref += g(q, step, where[e].first, where[e].second);
+        ref /= P;
+        if (std::abs(b.pool_data()[e] - ref) > 1e-3 * (1.0 + std::abs(ref))) ++far;  // fp16 wires round to 2^-11
+      }
+    if (P == 2) CHECK(differ == 0);
+    CHECK(far == 0);
+  }
+  // The cover: every pool element in exactly one rank's shard.
+  std::vector<std::uint8_t> owned(b.pool_size(), 0);
+  for (const gflow::pool_range r : b.shard())
+    for (std::size_t e = r.begin; e < r.end; ++e) owned[e] = 1;
+  t.all_reduce(owned.data(), owned.size(), gflow::reduce_op::sum);
+  std::size_t not_once = 0;
+  for (std::uint8_t o : owned) not_once += o != 1;
+  CHECK(not_once == 0);
+  // gather_shards: the owner's values everywhere, the same bits on every rank.
+  std::vector<float> w(b.pool_size());
+  for (std::size_t e = 0; e < w.size(); ++e) w[e] = g(t.rank(), 9, 0, e);
+  std::vector<float> mine = w;
+  b.gather_shards(w);
+  std::size_t wrong = 0;
+  for (const gflow::pool_range r : b.shard())
+    for (std::size_t e = r.begin; e < r.end; ++e)
+      if (std::abs(w[e] - mine[e]) > 1e-3f * (1.0f + std::abs(mine[e]))) ++wrong;
+  CHECK(wrong == 0);
+  CHECK(gflow_test::same_on_all_ranks(t, gflow_test::hash_bytes(w.data(), w.size() * sizeof(float))));
+}
+
+}  // namespace
+
+TEST_CASE("mpi sharding: the shard is the unsharded exchange's (bitwise at 2 ranks), the shards cover the pool, gather_shards") {
+  gflow::mpi::transport t;
+  using F = gflow::Fusion<4096>;
+  shard_matches<Exchanger<F>, Exchanger<F, Sharding<ReduceScatter>>>(t);
+  shard_matches<Exchanger<>, Exchanger<Sharding<ReduceScatter>>>(t);
+  shard_matches<Exchanger<gflow::Precision<gflow::wire::fp16>, F>, Exchanger<gflow::Precision<gflow::wire::fp16>, F, Sharding<ReduceScatter>>>(t);
+  shard_matches<Exchanger<F>, Exchanger<F, Sharding<ReduceScatter>, gflow::Overlap<gflow::Funneled>>>(t);
+  shard_matches<Exchanger<F>, Exchanger<F, Sharding<ReduceScatter>, gflow::Overlap<gflow::Concurrent<2>>>>(t);
+  shard_matches<Exchanger<F>, Exchanger<F, Sharding<ReduceScatter>, gflow::Overlap<gflow::Chained>>>(t);
+}
