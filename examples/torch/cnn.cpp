@@ -101,6 +101,7 @@ std::vector<const char*> take_loop_flags(int argc, char** argv, loop_options& lo
     else if (f == "--unused-branch") lo.unused_branch = true;
     else if (f == "--uneven") lo.uneven = true;
     else if (f == "--no-learn-order") lo.learn_order = false;
+    else if (f == "--shard") lo.shard = true;
     else rest.push_back(argv[i]);
   }
   return rest;
@@ -170,8 +171,15 @@ class cnn_session {
             return out;
           }));
     }
-    if (port_->chunk_elems() > 0) csc_opt_.emplace(pool.size(), o.lr, o.momentum);
-    else sgd_.emplace(params_, torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+    if (port_->sharded()) {  // --shard: momentum for this rank's shard only (ZeRO-2)
+      std::size_t n = 0;
+      for (const gflow::pool_range r : port_->shard()) n += r.size();
+      shard_momentum_.assign(n, 0.0f);
+    } else if (port_->chunk_elems() > 0) {
+      csc_opt_.emplace(pool.size(), o.lr, o.momentum);
+    } else {
+      sgd_.emplace(params_, torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+    }
     if (!o.csv.empty() && comm.rank() == 0) {
       csv_ = std::fopen(o.csv.c_str(), "w");
       if (!csv_) throw gflow::invalid_argument("--csv", "cannot write '" + o.csv + "'.", "pass a path in a writable directory.");
@@ -265,6 +273,10 @@ class cnn_session {
   }
 
   int finish() {
+    const std::size_t state = optimizer_state_bytes(), pool = port_->pool().size();
+    if (comm_.rank() == 0)  // --shard's check: 1/P of the unsharded trainer's pool x 4 bytes
+      std::printf("[%s] optimizer state: %zu bytes on rank 0 (%.4f of the pool's %zu elements x 4 bytes)%s\n", name_, state,
+                  static_cast<double>(state) / static_cast<double>(pool * sizeof(float)), pool, port_->sharded() ? ", sharded" : "");
     run_totals t;
     t.final_acc = final_acc_;
     t.seconds = total_seconds_;
@@ -453,12 +465,42 @@ class cnn_session {
     if (o_.weight_decay > 0)  // L2 on conv and linear weights, not on biases or batch norm
       for (torch::Tensor& p : params_)
         if (p.dim() > 1) p.grad().add_(p, o_.weight_decay);
-    if (csc_opt_) {
+    if (port_->sharded()) {
+      sharded_step(g);
+    } else if (csc_opt_) {
       csc_opt_->step({weights_.data_ptr<float>(), g.size()}, g, port_->selected_chunks(), port_->chunk_elems());
     } else {
       sgd_->step();
     }
   }
+
+  // --shard: torch.optim.SGD's momentum step (buf = momentum * buf + g; w = w - lr * buf) on this
+  // rank's shard of the pool only, then every rank's stepped shard into every rank's weights.
+  void sharded_step(std::span<const float> g) {
+    float* w = weights_.data_ptr<float>();
+    const float lr = o_.lr, m = o_.momentum;
+    std::size_t at = 0;
+    for (const gflow::pool_range r : port_->shard())
+      for (std::size_t e = r.begin; e < r.end; ++e, ++at) {
+        float& buf = shard_momentum_[at];
+        buf = m * buf + g[e];
+        w[e] = w[e] - lr * buf;
+      }
+    port_->gather_shards(weights());
+  }
+
+ public:
+  /// The optimizer state this rank holds, counted: its momentum buffers' elements x 4 bytes.
+  [[nodiscard]] std::size_t optimizer_state_bytes() {
+    std::size_t n = shard_momentum_.size();
+    if (csc_opt_) n += csc_opt_->velocity().size();
+    if (sgd_)
+      for (const auto& [key, st] : sgd_->state())
+        n += static_cast<std::size_t>(static_cast<torch::optim::SGDParamState&>(*st).momentum_buffer().numel());
+    return n * sizeof(float);
+  }
+
+ private:
 
   // Timing probe (--probe N), before training: N iterations of forward + backward with the
   // hooks muted (compute alone), then N exchanges of the pool with no compute (exchange alone,
@@ -613,6 +655,7 @@ class cnn_session {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::optional<torch::optim::SGD> sgd_;
   std::optional<gflow::optim::momentum_sgd> csc_opt_;
+  std::vector<float> shard_momentum_;  // --shard: momentum for port_->shard()'s elements, packed
   std::size_t hooks_seen_ = 0;
   bool mute_ = false;
   clock_type::time_point backward_start_, first_hook_;
@@ -639,7 +682,9 @@ int run(int argc, char** argv, const char* name, const port_factory& make_port) 
                     "  --accumulate N         N micro-batches of --batch per optimizer step, all but the last under no_sync()\n"
                     "  --unused-branch        a residual block after fc1 that some iterations skip (exchange_options::find_unused)\n"
                     "  --uneven               rank r gets up to a quarter fewer steps per epoch; join() ends each epoch (dense only)\n"
-                    "  --no-learn-order       keep the pool in reverse layout order (learn_order is on by default)\n",
+                    "  --no-learn-order       keep the pool in reverse layout order (learn_order is on by default)\n"
+                    "  --shard                Sharding<ReduceScatter> (ZeRO-2): momentum for this rank's 1/P of the pool only, then\n"
+                    "                         gather_shards of the weights (dense compositions; learn_order off; no --uneven or checkpoints)\n",
                     usage(name).c_str());
       return {};
     }
@@ -648,6 +693,9 @@ int run(int argc, char** argv, const char* name, const port_factory& make_port) 
       throw gflow::invalid_argument(lo.uneven ? "--uneven" : "--probe",
                                     "checkpoints count steps by the exchanger's iterations, which --uneven (join) and --probe (extra exchanges) shift.",
                                     "leave --uneven and --probe out of runs with --checkpoint-every or --resume.");
+    if (lo.shard && (o.checkpoint_every > 0 || !o.resume.empty()))
+      throw gflow::invalid_argument("--shard", "checkpoints of a sharded run (each rank's momentum for its shard) are not built yet.",
+                                    "leave --checkpoint-every and --resume out of runs with --shard.");
     auto s = std::make_shared<cnn_session>(o, comm, name, make_port, lo);
     return [s, name, &comm] {
       if (comm.rank() == 0) {

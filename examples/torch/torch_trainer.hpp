@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <span>
+#include <type_traits>
 
 #include <gflow/exchanger.hpp>
 #include <gflow/optim/loss_scale.hpp>
@@ -31,12 +32,13 @@ struct loop_options {
   bool unused_branch = false;  // --unused-branch: a residual block some iterations skip (find_unused)
   bool uneven = false;         // --uneven: rank r gets fewer batches; join() at the end of each epoch
   bool learn_order = true;     // --no-learn-order turns exchange_options::learn_order off
+  bool shard = false;          // --shard: the composition with Sharding<ReduceScatter> (ZeRO-2; learn_order off)
   /// The exchanger options these flags ask for.
   [[nodiscard]] gflow::exchange_options exchange() const {
     gflow::exchange_options x;
     x.find_unused = unused_branch;
     x.uneven_inputs = uneven;
-    x.learn_order = learn_order;
+    x.learn_order = learn_order && !shard;  // a learned order would move the shards (not built with Sharding yet)
     return x;
   }
 };
@@ -67,7 +69,24 @@ class exchange_port {
   virtual void save_exchange(const std::string& root) const = 0;
   virtual resumed_set load_exchange(const std::string& root) = 0;
   virtual std::uint64_t iteration() const = 0;
+  // --shard (Sharding<ReduceScatter>): after finish() the average is right only inside shard();
+  // the step updates those elements, then gather_shards() brings every rank's into the weights.
+  virtual bool sharded() const { return false; }
+  virtual std::span<const gflow::pool_range> shard() const { return {}; }
+  virtual void gather_shards(std::span<float>) {}
 };
+
+/// Exchanger<Ps...> with Sharding<ReduceScatter> added (--shard), and whether it composes.
+template <class Exchange>
+struct with_sharding;
+template <class... Ps>
+struct with_sharding<gflow::Exchanger<Ps...>> {
+  using type = gflow::Exchanger<Ps..., gflow::Sharding<gflow::ReduceScatter>>;
+};
+template <class Exchange>
+inline constexpr bool can_shard = Exchange::policies::sparsifier::dense && !Exchange::policies::sharding::sharded &&
+                                  std::is_same_v<typename Exchange::policies::topology::algorithm, gflow::Ring> &&
+                                  !requires { requires Exchange::policies::fusion::autotuned; };
 
 /// Builds the port for the model's layout, once the session knows it.
 using port_factory = std::function<std::unique_ptr<exchange_port>(gflow::mpi::transport&, const gflow::Layout&, const options&,
@@ -103,19 +122,30 @@ class port final : public exchange_port {
   void begin_no_sync() override { scope_.emplace(ex_.no_sync()); }
   void end_no_sync() override { scope_.reset(); }
   gflow::join_status join() override {
-    if constexpr (exchanger_t::policies::sparsifier::dense) return ex_.join();
+    if constexpr (exchanger_t::policies::sparsifier::dense && !exchanger_t::policies::sharding::sharded) return ex_.join();
     else return {};  // refused by checked() at construction
   }
   std::uint64_t generation() const override { return ex_.generation(); }
   void save_exchange(const std::string& root) const override { (void)gflow::save_checkpoint(ex_, root); }
   resumed_set load_exchange(const std::string& root) override { return resume_exchange(ex_, root); }
   std::uint64_t iteration() const override { return ex_.iteration(); }
+  bool sharded() const override { return exchanger_t::policies::sharding::sharded; }
+  std::span<const gflow::pool_range> shard() const override {
+    if constexpr (exchanger_t::policies::sharding::sharded) return ex_.shard();
+    else return {};
+  }
+  void gather_shards(std::span<float> values) override {
+    if constexpr (exchanger_t::policies::sharding::sharded) ex_.gather_shards(values);
+  }
 
  private:
   static const loop_options& checked(const loop_options& lo) {
     if (lo.uneven && !exchanger_t::policies::sparsifier::dense)
       throw gflow::invalid_argument("--uneven", "join() shadows the other ranks with zero contributions, which a sparsifier's residual cannot be.",
                                     "run --uneven with a dense composition (torch_dense, torch_fp16, torch_funneled, ...).");
+    if (lo.uneven && exchanger_t::policies::sharding::sharded)
+      throw gflow::invalid_argument("--uneven", "join() with --shard is not built yet: a rank out of data still owns a shard that must be stepped.",
+                                    "leave --uneven out of runs with --shard.");
     return lo;
   }
   std::optional<gflow::no_sync_scope> scope_;
@@ -125,7 +155,16 @@ class port final : public exchange_port {
 
 template <class Exchange>
 int main_for(int argc, char** argv, const char* name) {
-  return run(argc, argv, name, [](gflow::mpi::transport& comm, const gflow::Layout& layout, const options& o, const loop_options& lo, std::size_t ipe) {
+  return run(argc, argv, name, [name](gflow::mpi::transport& comm, const gflow::Layout& layout, const options& o, const loop_options& lo, std::size_t ipe) {
+    if (lo.shard) {
+      if constexpr (can_shard<Exchange>) {
+        return std::unique_ptr<exchange_port>(std::make_unique<port<typename with_sharding<Exchange>::type>>(comm, layout, o, lo, ipe));
+      } else {
+        throw gflow::invalid_argument("--shard", std::string(name) + "'s composition cannot shard: Sharding<ReduceScatter> needs the dense "
+                                                 "sparsifier, Topology<Ring> and a fixed fusion threshold.",
+                                      "run --shard with a dense composition (torch_dense, torch_fp16, torch_funneled).");
+      }
+    }
     return std::unique_ptr<exchange_port>(std::make_unique<port<Exchange>>(comm, layout, o, lo, ipe));
   });
 }

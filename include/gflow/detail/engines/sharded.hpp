@@ -52,11 +52,9 @@ class sharded_dense_engine {
     finish_block(b, sc);
   }
   void end_iteration() {}
-  /// Bytes this rank sends in a reduce-scatter's ring form: (P-1)/P of the pool on the wire.
-  [[nodiscard]] std::size_t wire_bytes() const {
-    const auto P = static_cast<std::size_t>(cx_->ranks());
-    return cx_->pool->total * sizeof(W) * (P - 1) / P;
-  }
+  /// In Dense's units (its wire_bytes is the pool on the wire): half, as a reduce-scatter moves half of
+  /// what a ring allreduce of the same buckets moves ((P-1)/P against 2(P-1)/P of them).
+  [[nodiscard]] std::size_t wire_bytes() const { return cx_->pool->total * sizeof(W) / 2; }
 
   /// In place over values[0, pool total): this rank's blocks to every rank (see the header).
   void gather(float* values) {
