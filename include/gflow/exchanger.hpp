@@ -172,7 +172,7 @@ class basic_exchanger : private detail::iteration_state {
     exchange_status st;
     st.iteration = iteration_;
     st.nonfinite = kernels_.take_nonfinite() + runner_->take_nonfinite();
-    if constexpr (sharded) st.nonfinite = detail::sharding_rules::agreed_nonfinite(*t_, st.nonfinite);  // each rank saw its shard only
+    if constexpr (sharded) st.nonfinite = detail::sharding_rules::agreed_nonfinite(*t_, st.nonfinite, shards_.ranks);  // each rank saw its shard only
     if constexpr (detail::counts_collectives<sparsifier_t>)
       st.collectives = sparsifier_->collectives();  // the scheme's own count (norms, gathers, tree rounds)
     else
@@ -226,7 +226,8 @@ class basic_exchanger : private detail::iteration_state {
   /// In place over `values` (laid out like the pool, pool_size() elements): this rank's shard of
   /// it goes to every rank and every other rank's shard comes back (an all-gather per bucket), e.g.
   /// the parameters after each rank stepped its shard. Through the Precision's wire type: with a
-  /// 16-bit wire every value, this rank's own too, is rounded to it. Between iterations only;
+  /// 16-bit wire every value, this rank's own too, is rounded to it. With Hierarchical<g> the
+  /// gather runs inside each group (every group holds the same shards). Between iterations only;
   /// collective (every rank, the same number of calls).
   void gather_shards(std::span<float> values)
     requires sharded
@@ -340,7 +341,7 @@ class basic_exchanger : private detail::iteration_state {
     threshold_ = threshold;
     first_bucket_ = first;
     buckets_ = detail::plan::plan_buckets(layout_, pool_, {sizeof(wire_t), threshold, first});
-    if constexpr (sharded) shards_ = detail::plan::plan_shards(buckets_, t_->size(), t_->rank());
+    if constexpr (sharded) shards_ = detail::plan::plan_shards(buckets_, engine_.shard_ranks(), engine_.shard_rank());
   }
 
 

@@ -254,6 +254,75 @@ TEST_CASE("sharding: find_unused and no_sync give the unsharded shard") {
   });
 }
 
+// Hierarchical<g>: the group's g ranks split each bucket; every group holds the whole average.
+template <int G>
+void hierarchical_shard_matches(int P) {
+  using F = Fusion<256>;
+  using Plain = Exchanger<F, Topology<Hierarchical<G>>>;
+  using Sharded = Exchanger<F, Topology<Hierarchical<G>>, Sharding<ReduceScatter>>;
+  std::mutex mu;
+  std::vector<std::vector<pool_range>> shards(static_cast<std::size_t>(P));
+  std::vector<bucket> buckets;
+  std::size_t total = 0;
+  inproc::run(P, [&](inproc::transport& t) {
+    const Layout l = layout_a();
+    on_inproc<Plain> a(t, l);
+    on_inproc<Sharded> b(t, l);
+    const std::size_t n = a.pool_size();
+    std::vector<float> wa(n), wb(n), hu_full(n, 0.0f), hu_shard;
+    for (std::size_t j = 0; j < n; ++j) wa[j] = wb[j] = uniform_value(98, 0, j, 0);
+    for (const pool_range g : b.shard()) hu_shard.resize(hu_shard.size() + g.size(), 0.0f);
+    for (int it = 0; it < 3; ++it) {
+      REQUIRE(exchange_values(a, t.rank(), it).finite());
+      REQUIRE(exchange_values(b, t.rank(), it).finite());
+      for (const pool_range g : b.shard()) CHECK(same_bits(a.pool_data() + g.begin, b.pool_data() + g.begin, g.size()));
+      optim::kernels::momentum_sgd_step_all(wa.data(), a.pool_data(), hu_full.data(), n, 0.05f, 0.9f);
+      std::size_t at = 0;
+      for (const pool_range g : b.shard()) {
+        optim::kernels::momentum_sgd_step_all(wb.data() + g.begin, b.pool_data() + g.begin, hu_shard.data() + at, g.size(), 0.05f, 0.9f);
+        at += g.size();
+      }
+      b.gather_shards(wb);
+      CHECK(same_bits(wa.data(), wb.data(), n));
+    }
+    std::lock_guard lk(mu);
+    shards[static_cast<std::size_t>(t.rank())].assign(b.shard().begin(), b.shard().end());
+    buckets = b.buckets();
+    total = b.pool_size();
+  });
+  for (int k = 0; k < P / G; ++k)  // each group's shards cover the pool once
+    check_cover({shards.begin() + k * G, shards.begin() + (k + 1) * G}, buckets, total);
+}
+
+TEST_CASE("sharding: Hierarchical<g> splits each bucket among the group and allreduces each block across groups, bitwise") {
+  hierarchical_shard_matches<2>(2);
+  hierarchical_shard_matches<2>(4);
+  hierarchical_shard_matches<2>(6);
+  hierarchical_shard_matches<3>(6);
+  hierarchical_shard_matches<1>(3);
+  hierarchical_shard_matches<4>(4);
+  // every group must hold g ranks
+  inproc::run(5, [&](inproc::transport& t) {
+    try {
+      on_inproc<Exchanger<Topology<Hierarchical<2>>, Sharding<ReduceScatter>>> ex(t, layout_a());
+      FAIL("5 ranks in groups of 2 were accepted");
+    } catch (const invalid_argument& e) {
+      CHECK(e.subject() == "group_size");
+    }
+  });
+  // the agreed inf / NaN count: each group covers the pool, counted once
+  inproc::run(4, [&](inproc::transport& t) {
+    on_inproc<Exchanger<Fusion<256>, Topology<Hierarchical<2>>, Sharding<ReduceScatter>>> ex(t, layout_a());
+    for (std::size_t i = 0; i < ex.layout().size(); ++i) {
+      auto v = ex.view(i);
+      std::fill(v.begin(), v.end(), 1.0f);
+      if (t.rank() == 3 && i == 4) v[0] = v[1] = std::numeric_limits<float>::infinity();
+      ex.ready(i);
+    }
+    CHECK(ex.finish().nonfinite == 2);
+  });
+}
+
 TEST_CASE("sharding: bad input is a typed error naming the parameter") {
   inproc::run(2, [&](inproc::transport& t) {
     using E = Exchanger<Fusion<256>, Sharding<ReduceScatter>>;

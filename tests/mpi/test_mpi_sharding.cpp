@@ -36,8 +36,10 @@ void exchange(Ex& ex, int rank, int step) {
   REQUIRE(ex.finish().finite());
 }
 
+// group: the ranks a bucket is split among (P with Ring, g with Hierarchical<g>: each of the P / g
+// groups covers the pool once).
 template <class Plain, class Sharded>
-void shard_matches(gflow::mpi::transport& t) {
+void shard_matches(gflow::mpi::transport& t, int group = 0) {
   const auto l = layout();
   typename Plain::template on<gflow::mpi::transport> a(t, l);
   typename Sharded::template on<gflow::mpi::transport> b(t, l);
@@ -58,7 +60,9 @@ void shard_matches(gflow::mpi::transport& t) {
         ref /= P;
         if (std::abs(b.pool_data()[e] - ref) > 1e-3 * (1.0 + std::abs(ref))) ++far;  // fp16 wires round to 2^-11
       }
-    if (P == 2) CHECK(differ == 0);
+    // Every sum of two values is the same in any order: 2 ranks, and Hierarchical<2> at 4 ranks (a sum
+    // inside each pair, then one across the two pairs, sharded or not) are bitwise.
+    if (P == 2 || (group == 2 && P == 4)) CHECK(differ == 0);
     CHECK(far == 0);
   }
   // The cover: every pool element in exactly one rank's shard.
@@ -66,12 +70,16 @@ void shard_matches(gflow::mpi::transport& t) {
   for (const gflow::pool_range r : b.shard())
     for (std::size_t e = r.begin; e < r.end; ++e) owned[e] = 1;
   t.all_reduce(owned.data(), owned.size(), gflow::reduce_op::sum);
+  const int covers = group == 0 ? 1 : P / group;  // every group's shards cover the pool
   std::size_t not_once = 0;
-  for (std::uint8_t o : owned) not_once += o != 1;
+  for (std::uint8_t o : owned) not_once += o != covers;
   CHECK(not_once == 0);
   // gather_shards: the owner's values everywhere, the same bits on every rank.
   std::vector<float> w(b.pool_size());
-  for (std::size_t e = 0; e < w.size(); ++e) w[e] = g(t.rank(), 9, 0, e);
+  // (With Hierarchical<g> each group gathers from its own g ranks: the ranks of one local rank hold
+  // the same shard values in training, as they do here.)
+  const int source = group == 0 ? t.rank() : t.rank() % group;
+  for (std::size_t e = 0; e < w.size(); ++e) w[e] = g(source, 9, 0, e);
   std::vector<float> mine = w;
   b.gather_shards(w);
   std::size_t wrong = 0;
@@ -93,4 +101,13 @@ TEST_CASE("mpi sharding: the shard is the unsharded exchange's (bitwise at 2 ran
   shard_matches<Exchanger<F>, Exchanger<F, Sharding<ReduceScatter>, gflow::Overlap<gflow::Funneled>>>(t);
   shard_matches<Exchanger<F>, Exchanger<F, Sharding<ReduceScatter>, gflow::Overlap<gflow::Concurrent<2>>>>(t);
   shard_matches<Exchanger<F>, Exchanger<F, Sharding<ReduceScatter>, gflow::Overlap<gflow::Chained>>>(t);
+}
+
+TEST_CASE("mpi sharding: Hierarchical<2> (a reduce-scatter in each pair of ranks, each block allreduced across pairs)") {
+  gflow::mpi::transport t;
+  using F = gflow::Fusion<4096>;
+  using H = gflow::Topology<gflow::Hierarchical<2>>;
+  if (t.size() % 2 != 0) return;  // every group must hold 2 ranks (the refusal is tested in the unit tests)
+  shard_matches<Exchanger<F, H>, Exchanger<F, H, Sharding<ReduceScatter>>>(t, 2);
+  shard_matches<Exchanger<F, H>, Exchanger<F, H, Sharding<ReduceScatter>, gflow::Overlap<gflow::Funneled>>>(t, 2);
 }

@@ -12,10 +12,15 @@
 //                  trainer steps its shard (keeping optimizer state for it only: 1/P of the memory)
 //                  and refreshes the parameters with ex.gather_shards(values), an all-gather in place.
 //
+// With Topology<Hierarchical<g>> the split is two-level (ZeRO++'s hierarchical partitioning): P
+// becomes g above (a reduce-scatter among the group's g ranks), and each block is then allreduced
+// among its peers, the ranks of the same local rank in the other groups; g must divide P.
+//
 // What composes (docs/GUIDE.md, "Sharding"): every Precision, fixed Fusion<bytes> and NoFusion,
-// every Overlap strategy, Topology<Ring>, no_sync and find_unused, on host memory over the MPI and
-// in-process transports. Refused at compile time with the reason: a sparse Sparsifier, another
-// Topology, Fusion<Auto>, device memory, and join(); learn_order is refused at construction.
+// every Overlap strategy, Topology<Ring> and Hierarchical<g>, no_sync and find_unused, on host
+// memory over the MPI and in-process transports. Refused at compile time with the reason: a sparse
+// Sparsifier, Hybrid, Fusion<Auto>, device memory, and join(); learn_order and uneven_inputs are
+// refused at construction.
 #include <concepts>
 #include <type_traits>
 

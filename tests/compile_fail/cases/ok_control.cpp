@@ -33,6 +33,9 @@ static_assert(sizeof(gflow::Exchanger<gflow::Sparsifier<gflow::TopK<0.01>>, gflo
 static_assert(sizeof(gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.01>>, gflow::Overlap<gflow::Funneled>>::on<gflow::mock::transport>) > 0);
 static_assert(sizeof(gflow::Exchanger<gflow::Fusion<1024>, gflow::Overlap<gflow::Concurrent<2>>>::on<gflow::mock::transport>) > 0);
 static_assert(sizeof(gflow::Exchanger<gflow::Fusion<1024>, gflow::Overlap<gflow::Chained>>::on<gflow::mock::transport>) > 0);
+// Sharding<ReduceScatter> with what it composes with (Hierarchical, 16-bit wires, Overlap), over the in-process transport.
+static_assert(sizeof(gflow::Exchanger<gflow::Sharding<gflow::ReduceScatter>, gflow::Topology<gflow::Hierarchical<2>>, gflow::Precision<gflow::wire::bf16>,
+                                      gflow::Fusion<1024>, gflow::Overlap<gflow::Chained>>::on<gflow::inproc::transport>) > 0);
 // broadcast_parameters / verify_replicas (replicas.hpp, reached from <gflow/exchanger.hpp>) as the API spells them.
 inline void replicas(gflow::mock::transport& t, std::vector<float>& v, const gflow::Layout& l) {
   gflow::broadcast_parameters(t, v);

@@ -64,10 +64,10 @@ class sharded_dense_engine {
       if constexpr (Ctx::narrow) {
         const auto mine = sp.mine[b];
         cx_->kernels->scale_to_wire(values + mine.begin, wire_.data() + mine.begin, mine.size(), 1.0f);
-        cx_->transport->all_gatherv_in_place(wire_.data() + bk.offset, sp.counts_of(b));
+        cx_->topology->all_gather_shards(wire_.data() + bk.offset, sp.counts_of(b));
         cx_->kernels->wire_to_float(wire_.data() + bk.offset, values + bk.offset, bk.count);
       } else {
-        cx_->transport->all_gatherv_in_place(values + bk.offset, sp.counts_of(b));
+        cx_->topology->all_gather_shards(values + bk.offset, sp.counts_of(b));
       }
     }
     (void)cx_->kernels->take_nonfinite();  // parameters, not gradients: nothing for the next finish() to report

@@ -12,6 +12,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -43,6 +44,12 @@ class ring_engine {
   template <class W>
     requires sharding_transport<T>
   request start_reduce_scatter(const W* send, W* recv, const std::size_t* counts) { return t_->ireduce_scatter(send, recv, counts, reduce_op::sum); }
+  /// The ranks a bucket is split among (all of them), this rank's block, and the all-gather of the blocks.
+  [[nodiscard]] int shard_ranks() const { return t_->size(); }
+  [[nodiscard]] int shard_rank() const { return t_->rank(); }
+  template <class W>
+    requires sharding_transport<T>
+  void all_gather_shards(W* buf, const std::size_t* counts) { t_->all_gatherv_in_place(buf, counts); }
 
  private:
   T* t_;
@@ -111,6 +118,36 @@ class hierarchical_engine {
     r.on = issuer::none;
   }
 
+  // ---- Sharding<ReduceScatter>, two levels (ZeRO++'s hierarchical partitioning) --------------------
+  // A bucket is split among the g ranks of a group: reduce-scatter inside the group, then the
+  // allreduce of each block among its peers (the ranks of that local rank, one per group), so every
+  // group holds the whole average, each rank its block. Every group must have g ranks (P a multiple
+  // of g), or the groups' blocks would not line up.
+  [[nodiscard]] int shard_ranks() const {
+    if (plan_.ranks % plan_.group_size != 0)
+      throw invalid_argument("group_size", fmt::format("Sharding with Hierarchical<{}> needs every group to hold {} ranks; {} ranks make a last "
+                                                       "group of {}.", plan_.group_size, plan_.group_size, plan_.ranks, plan_.size_of(plan_.groups - 1)),
+                             "run a multiple of the group size of ranks, or pick a group size that divides the job's size.");
+    return group_.size();
+  }
+  [[nodiscard]] int shard_rank() const { return group_.rank(); }
+  template <class W>
+    requires sharding_transport<T>
+  void reduce_scatter(const W* send, W* recv, const std::size_t* counts) {
+    group_.reduce_scatter(send, recv, counts, reduce_op::sum);
+    if (plan_.groups > 1) peers().all_reduce(recv, counts[group_.rank()], reduce_op::sum);
+  }
+  /// Host transports: runs both phases (blocking) and returns a completed request.
+  template <class W>
+    requires sharding_transport<T>
+  request start_reduce_scatter(const W* send, W* recv, const std::size_t* counts) {
+    reduce_scatter(send, recv, counts);
+    return {};
+  }
+  template <class W>
+    requires sharding_transport<T>
+  void all_gather_shards(W* buf, const std::size_t* counts) { group_.all_gatherv_in_place(buf, counts); }
+
   // ---- introspection -----------------------------------------------------------------------
   [[nodiscard]] const plan::group_plan& groups() const noexcept { return plan_; }
   /// This rank's group (rank 0 there is the master).
@@ -140,11 +177,19 @@ class hierarchical_engine {
                           "(a gflow::mock::transport needs a split rule: mock::log::split_rule).");
   }
 
+  // The peers' communicator, split at the first sharded exchange (every rank reaches it at the same
+  // collective): an unsharded exchanger never makes it.
+  T& peers() {
+    if (!peers_) peers_.emplace(split(*world_, plan_.peers_split(world_->rank())));
+    return *peers_;
+  }
+
   T* world_;
   plan::group_plan plan_;
   T group_;
   T masters_;
   bool master_;
+  std::optional<T> peers_;
 };
 
 /// Per message: hierarchical below a threshold in bytes on the wire, ring at or above it (Topology<Hybrid>).

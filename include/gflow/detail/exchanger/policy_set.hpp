@@ -41,6 +41,11 @@ struct pick<F, Default, P, Ps...> {
   using type = std::conditional_t<std::is_same_v<typename family_of<P>::type, F>, P, typename pick<F, Default, Ps...>::type>;
 };
 
+template <class A>
+inline constexpr bool is_hybrid = false;
+template <std::size_t T, int G>
+inline constexpr bool is_hybrid<Hybrid<T, G>> = true;
+
 template <class... Ps>
 struct policy_set {
   static_assert((true && ... && check_is_policy<Ps>::value));
@@ -82,10 +87,10 @@ struct policy_set {
                 "gflow::Exchanger: Sharding<ReduceScatter> needs Sparsifier<Dense>. A sparse scheme sends each rank's own "
                 "selection (different indices per rank) and keeps a residual of what it did not send, so no rank can own a "
                 "fixed slice of the sum: drop the Sparsifier, or drop Sharding to compress an allreduce.");
-  static_assert(!sharding::sharded || std::is_same_v<typename topology::algorithm, Ring>,
-                "gflow::Exchanger: Sharding<ReduceScatter> runs over Topology<Ring> (the transport's own reduce-scatter) so far; "
-                "the two-level form for Hierarchical<g> and Hybrid (reduce-scatter in the group, allreduce of each shard "
-                "across groups) is not built yet. Leave Topology out with Sharding.");
+  static_assert(!sharding::sharded || !is_hybrid<typename topology::algorithm>,
+                "gflow::Exchanger: Sharding<ReduceScatter> with Topology<Hybrid<t, g>> is not built yet: Hybrid picks ring or "
+                "hierarchical per message, and the two cut a bucket into different shards. Use Topology<Ring> (P-way shards) "
+                "or Topology<Hierarchical<g>> (g-way shards, each allreduced across the groups) with Sharding.");
   static_assert(!sharding::sharded || !requires { requires fusion::autotuned; },
                 "gflow::Exchanger: Sharding<ReduceScatter> with Fusion<Auto> is not built yet: the tuner re-cuts the buckets "
                 "while it explores, which would move every rank's shard and the optimizer state a trainer keeps for it. "

@@ -42,8 +42,10 @@ struct sharding_rules {
 
   /// Each rank counted inf / NaN in its own shard only; the status must be the same on every rank
   /// (a trainer skips the step on all of them or none), so the counts are summed (one all-gather).
+  /// The shards of `shard_ranks` ranks cover the pool; with Hierarchical<g> each of the P / g
+  /// groups covers it (the same values), so the sum counts every element P / shard_ranks times.
   template <class T>
-  static std::size_t agreed_nonfinite(T& t, std::size_t mine) {
+  static std::size_t agreed_nonfinite(T& t, std::size_t mine, int shard_ranks) {
     const int P = t.size();
     if (P == 1) return mine;
     const std::uint64_t m = mine;
@@ -51,7 +53,7 @@ struct sharding_rules {
     control_all_gather(t, &m, all.data(), 1);
     std::uint64_t sum = 0;
     for (std::uint64_t v : all) sum += v;
-    return static_cast<std::size_t>(sum);
+    return static_cast<std::size_t>(sum / static_cast<std::uint64_t>(P / shard_ranks));
   }
 };
 

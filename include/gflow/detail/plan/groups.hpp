@@ -69,6 +69,9 @@ struct group_plan {
   [[nodiscard]] split_args group_split(int rank) const { return {group_of(rank), rank}; }
   /// Rank r's arguments for the second split (masters together; the others in a spare group).
   [[nodiscard]] split_args masters_split(int rank) const { return {is_master(rank) ? groups : groups + 1, rank}; }
+  /// Rank r's arguments for the peers' split (Sharding over groups): the ranks with r's local rank,
+  /// one per group, in group order.
+  [[nodiscard]] split_args peers_split(int rank) const { return {local_rank(rank), group_of(rank)}; }
 
  private:
   int check_rank(int rank) const {
