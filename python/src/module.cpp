@@ -212,6 +212,17 @@ PYBIND11_MODULE(_gflow, m) {
       .def_property_readonly("iteration", [](const exchanger& x) { return x.port->iteration(); })
       .def_property_readonly("name", [](const exchanger& x) { return x.port->name(); })
       .def_property_readonly("dense", [](const exchanger& x) { return x.port->dense(); })
+      .def_property_readonly("sharded", [](const exchanger& x) { return x.port->sharded(); })
+      .def("shard", [](const exchanger& x) { return x.port->shard(); }, "This rank's shard: (first, end) pool elements per bucket (sharded compositions).")
+      .def("gather_shards", [](exchanger& x, const py::buffer& b) {
+        py::buffer_info info = writable(b, "values");
+        if (info.format != py::format_descriptor<float>::format())
+          throw invalid_argument("values", "gather_shards takes a float32 buffer (got format '" + info.format + "').", "pass a float32 tensor laid out like the pool.");
+        float* p = static_cast<float*>(info.ptr);
+        const auto n = static_cast<std::size_t>(info.size);
+        py::gil_scoped_release nogil;
+        x.port->gather_shards(p, n);
+      }, py::arg("values"), "In place: this rank's shard of `values` (laid out like the pool) to every rank, the others' back (collective).")
       .def("save_state", [](const exchanger& x) { return py::bytes(x.port->save_state()); })
       .def("load_state", [](exchanger& x, const py::bytes& b) { x.port->load_state(std::string(b)); })
       .def("buckets", [](const exchanger& x) { return x.port->buckets(); })

@@ -54,6 +54,15 @@ class port {
   virtual void configure(double momentum, std::uint64_t warmup) = 0;
   [[nodiscard]] virtual bool dense() const = 0;
   [[nodiscard]] virtual std::string name() const = 0;
+  /// Sharding<ReduceScatter> ("shard" in the name): this rank's shard as (first pool element, end),
+  /// one range per bucket, and the in-place all-gather of a pool-sized buffer. Not sharded: false,
+  /// empty, and gather_shards raises usage_error.
+  [[nodiscard]] virtual bool sharded() const { return false; }
+  [[nodiscard]] virtual std::vector<std::pair<std::size_t, std::size_t>> shard() const { return {}; }
+  virtual void gather_shards(float*, std::size_t) {
+    throw usage_error("gather_shards", "this composition does not shard (its name has no 'shard').",
+                      "use a composition with Sharding<ReduceScatter>, e.g. 'fusion=4MiB+shard' (gflow.torch.compositions()).");
+  }
 };
 
 using factory = std::unique_ptr<port> (*)(mpi::transport&, Layout, exchange_options);
@@ -100,6 +109,11 @@ std::string topology_token() {
   else return "custom_topology";
 }
 template <class S>
+std::string sharding_token() {
+  if constexpr (requires { requires S::sharded; }) return "shard";
+  else return "";
+}
+template <class S>
 std::string overlap_token() {
   if constexpr (std::is_same_v<S, None>) return "";
   else if constexpr (std::is_same_v<S, Funneled>) return "funneled";
@@ -114,7 +128,7 @@ std::string composition_name() {
   std::string out;
   for (const std::string& t : {detail::precision_token<typename Set::precision::format>(), detail::fusion_token<typename Set::fusion>(),
                                detail::scheme_token<typename Set::sparsifier::scheme>(), detail::topology_token<typename Set::topology::algorithm>(),
-                               detail::overlap_token<typename Set::overlap::strategy>()})
+                               detail::overlap_token<typename Set::overlap::strategy>(), detail::sharding_token<typename Set::sharding>()})
     if (!t.empty()) out += (out.empty() ? "" : "+") + t;
   return out.empty() ? "dense" : out;
 }
@@ -141,7 +155,10 @@ class port_for final : public port {
   }
   void end_no_sync() override { scope_.reset(); }
   join_status join() override {
-    if constexpr (set::sparsifier::dense) return ex_.join();
+    if constexpr (set::sharding::sharded)
+      throw invalid_argument("join", "join() with a sharded composition ('" + name() + "') is not built yet: a rank out of data still owns a shard that must be stepped.",
+                             "give every rank the same number of batches, or use a composition without 'shard'.");
+    else if constexpr (set::sparsifier::dense) return ex_.join();
     else
       throw invalid_argument("join", "join() shadows the other ranks with zero contributions, which the residual of composition '" +
                                          name() + "' cannot be.",
@@ -195,6 +212,17 @@ class port_for final : public port {
   }
   bool dense() const override { return set::sparsifier::dense; }
   std::string name() const override { return composition_name<set>(); }
+  bool sharded() const override { return set::sharding::sharded; }
+  std::vector<std::pair<std::size_t, std::size_t>> shard() const override {
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    if constexpr (set::sharding::sharded)
+      for (const pool_range r : ex_.shard()) out.emplace_back(r.begin, r.end);
+    return out;
+  }
+  void gather_shards(float* values, std::size_t n) override {
+    if constexpr (set::sharding::sharded) ex_.gather_shards({values, n});
+    else port::gather_shards(values, n);
+  }
 
  private:
   exchanger_t ex_;

@@ -39,7 +39,7 @@ bool parse_bytes(const std::string& s, std::size_t& out) {
   return true;
 }
 
-// One '+'-separated token, lower case: its family rank (precision 0 ... overlap 4, unknown 5)
+// One '+'-separated token, lower case: its family rank (precision 0 ... overlap 4, sharding 5, unknown 6)
 // and its canonical spelling ("" for a family default).
 std::pair<int, std::string> canonical_token(const std::string& t) {
   const auto eq = t.find('=');
@@ -78,7 +78,8 @@ std::pair<int, std::string> canonical_token(const std::string& t) {
   }
   if (t == "none") return {4, ""};
   if (t == "funneled" || t == "chained" || key == "concurrent") return {4, t};
-  return {5, t};
+  if (t == "shard" || t == "reducescatter" || t == "reduce_scatter") return {5, "shard"};
+  return {6, t};
 }
 
 }  // namespace

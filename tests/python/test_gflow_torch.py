@@ -380,3 +380,59 @@ def test_distributed_optimizer_before_init_is_a_usage_error():
             del env[k]  # a plain process, not a rank of this job (it never initialises MPI)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.startswith("init | call gflow.torch.init() once"), out.stdout + out.stderr
+
+
+# ---- ShardedOptimizer (ZeRO-2) -------------------------------------------------------------------
+
+def _model_params(seed_offset=0):
+    """The SHAPES as parameters with the same (exactly representable) start values on every rank."""
+    out = []
+    for i, s in enumerate(SHAPES):
+        out.append(torch.nn.Parameter(gradient(0, 100 + seed_offset, i, s) / 8))
+    return out
+
+
+def test_sharded_step_is_bitwise_the_full_step_with_one_eighth_of_the_state():
+    """Gradients k/64 and lr = momentum = 0.5 keep every sum and product exact, so reduce-scatter and
+    allreduce (whatever order Open MPI adds in) and the shard's SGD against the whole model's must
+    agree to the bit; the sharded optimizer's counted state is 1/P of the plain one's."""
+    full = _model_params()
+    sharded = _model_params()
+    plain = gt.DistributedOptimizer(torch.optim.SGD(full, lr=0.5, momentum=0.5), [("p%d" % i, p) for i, p in enumerate(full)],
+                                    composition="fusion=4MiB")
+    zero = gt.ShardedOptimizer(torch.optim.SGD, [("p%d" % i, p) for i, p in enumerate(sharded)], composition="fusion=4MiB+shard",
+                               lr=0.5, momentum=0.5)
+    assert zero.composition == "fusion=4MiB+shard"
+    for it in range(4):
+        for params, opt in ((full, plain), (sharded, zero)):
+            opt.zero_grad()
+            backward(params, it)
+            opt.step()
+        for a, b in zip(full, sharded):
+            assert a.detach().numpy().tobytes() == b.detach().numpy().tobytes(), "iteration %d" % it
+    plain_bytes = sum(v.numel() * v.element_size() for st in plain.state.values() for v in st.values() if torch.is_tensor(v))
+    total = sum(p.numel() for p in full)
+    assert plain_bytes == 4 * total
+    shard_elems = sum(e - f for f, e in zero._exchanger.shard())
+    assert zero.state_bytes() == 4 * shard_elems
+    assert shard_elems <= total // P + len(zero.buckets())
+    plain.close()
+    zero.close()
+
+
+def test_sharded_optimizer_refuses_a_composition_without_shard_and_join():
+    params = _model_params(1)
+    with pytest.raises(errors.InvalidArgument) as e:
+        gt.ShardedOptimizer(torch.optim.SGD, [("p%d" % i, p) for i, p in enumerate(params)], composition="fusion=4MiB", lr=0.1)
+    assert e.value.subject == "composition"
+    assert gt.canonical_name("Shard+FUSION=4194304") == "fusion=4MiB+shard"
+    zero = gt.ShardedOptimizer(torch.optim.SGD, [("p%d" % i, p) for i, p in enumerate(params)], lr=0.1)
+    with pytest.raises(errors.InvalidArgument) as e:
+        zero._exchanger.join()
+    assert e.value.subject == "join"
+    zero.close()
+    plain = gt.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), [("p%d" % i, p) for i, p in enumerate(params)], composition="dense")
+    with pytest.raises(errors.UsageError) as e:
+        plain._exchanger.gather_shards(np.zeros(plain._pool.numel(), dtype=np.float32))
+    assert e.value.subject == "gather_shards"
+    plain.close()

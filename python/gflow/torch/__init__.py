@@ -23,9 +23,9 @@ import torch
 
 from .. import errors
 from .. import _gflow
-from .optimizer import CSCSGD, DistributedOptimizer, _live  # noqa: F401
+from .optimizer import CSCSGD, DistributedOptimizer, ShardedOptimizer, _live  # noqa: F401
 
-__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "compositions", "canonical_name", "DistributedOptimizer", "CSCSGD", "timeline",
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "compositions", "canonical_name", "DistributedOptimizer", "ShardedOptimizer", "CSCSGD", "timeline",
            "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allreduce_average_", "verify_replicas",
            "Timeline", "errors"]
 

@@ -225,6 +225,76 @@ def DistributedOptimizer(optimizer, named_parameters=None, composition="dense", 
     return opt
 
 
+class _ShardedStep(torch.optim.Optimizer):
+    """What ShardedOptimizer wraps in a DistributedOptimizer. Until _shard() it is an optimizer over the
+    model's parameters (DistributedOptimizer checks them against named_parameters); _shard() then lays
+    the parameters out like the pool in one weights tensor (each parameter's .data a view of it), makes
+    one flat view per range of this rank's shard, gives each the matching slice of the gradient pool as
+    .grad, and builds the user's optimizer over those views only: its state is 1/P of the model's.
+    step() steps them and gather_shards() brings every rank's stepped shard into the weights."""
+
+    def __init__(self, params, optimizer_class, optimizer_kwargs):
+        super().__init__(params, {})
+        self._inner_class = optimizer_class
+        self._inner_kwargs = dict(optimizer_kwargs)
+
+    def _shard(self):
+        ex = self._exchanger
+        if not ex.sharded:
+            name = ex.name
+            self._close()
+            raise errors.make(errors.InvalidArgument, "composition",
+                              "ShardedOptimizer needs a composition with Sharding<ReduceScatter>; '%s' has no 'shard'." % name,
+                              "pass e.g. composition=\"fusion=4MiB+shard\" (gflow.torch.compositions() lists the menu).")
+        self._weights = torch.empty(self._pool.numel(), dtype=torch.float32)
+        with torch.no_grad():
+            for p, off in zip(self._gparams, ex.offsets()):
+                n = p.numel()
+                self._weights.narrow(0, off, n).copy_(p.detach().reshape(-1))
+                p.data = self._weights.narrow(0, off, n).view(p.shape)
+        shard_views = []
+        for first, end in ex.shard():
+            if end > first:
+                w = self._weights.narrow(0, first, end - first)
+                w.grad = self._pool.narrow(0, first, end - first)
+                shard_views.append(w)
+        self.inner = self._inner_class(shard_views, **self._inner_kwargs)
+        # The user's optimizer is the one that steps: its groups and state are this object's
+        # (learning-rate schedulers, state_dict() of this rank's shard).
+        self.param_groups = self.inner.param_groups
+        self.state = self.inner.state
+        self.defaults = self.inner.defaults
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.inner.step()
+        self._exchanger.gather_shards(self._weights.numpy())
+
+    def state_bytes(self):
+        """The optimizer state this rank holds, counted: the bytes of every tensor in its state."""
+        return sum(v.numel() * v.element_size() for st in self.inner.state.values() for v in st.values() if torch.is_tensor(v))
+
+
+def ShardedOptimizer(optimizer_class, named_parameters, composition="fusion=4MiB+shard", find_unused=False, **optimizer_kwargs):
+    """ZeRO-2 over a gflow composition with Sharding<ReduceScatter> ('shard' in its name).
+
+    optimizer_class(params, **optimizer_kwargs) is built over this rank's shard of the parameters only
+    (flat views of a pool-shaped weights tensor that the model's parameters now live in), so its
+    state (momentum, Adam's moments) is 1/P of the model's. step(): the reduce-scatter's average in
+    this rank's shard of each .grad (the rest of .grad is unspecified), the step of the shard, then
+    gather_shards of the weights: every rank holds every parameter again. Everything else is
+    DistributedOptimizer's (zero_grad, no_sync, synchronize, the hooks). Not built yet: join(),
+    learn_order, load_state of another pool order.
+
+        opt = gt.ShardedOptimizer(torch.optim.SGD, model.named_parameters(), lr=0.1, momentum=0.9)
+    """
+    named = list(named_parameters)
+    host = _ShardedStep([p for _, p in named if isinstance(p, torch.Tensor) and p.requires_grad], optimizer_class, optimizer_kwargs)
+    opt = DistributedOptimizer(host, named, composition=composition, find_unused=find_unused)
+    opt._shard()
+    return opt
+
+
 class CSCSGD(torch.optim.Optimizer):
     """Momentum SGD with CSC's update rule (gflow::optim::momentum_sgd; GradientFlow (Sun et al.), Algorithm 1):
     for the chunks the exchange selected, u = hu = momentum * hu + lr * g and w -= u; the chunks
