@@ -1,6 +1,7 @@
 // bench/run overlap: a simulated backward with ready() after each tensor, each Overlap strategy
 // against the exchange alone (how much of the exchange the backward hides); --learn-order also
-// each strategy with exchange_options::learn_order; --autotune the fixed-threshold sweep against
+// each strategy with exchange_options::learn_order; --shard also each with Sharding<ReduceScatter>
+// (the same simulated backward, calibrated on the allreduce); --autotune the fixed-threshold sweep against
 // Fusion<Auto> (below).
 // layering: gflow::detail::fusion_tuner and fusion_plan: --autotune reports the tuner's phase, its
 // probes and the plans it chose from.
@@ -347,6 +348,13 @@ void overlap_strategies(const options& o, const gflow::Layout& l, const std::str
     rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Funneled>>>("Funneled+learn", o, l, per_elem, false, true));
     rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Concurrent<2>>>>("Concurrent<2>+learn", o, l, per_elem, false, true));
     rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, Overlap<gflow::Chained>>>("Chained+learn", o, l, per_elem, false, true));
+  }
+  if (o.shard) {  // --shard: the same strategies with Sharding<ReduceScatter> (hidden fraction of the reduce-scatter)
+    using S = gflow::Sharding<gflow::ReduceScatter>;
+    rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, S, Overlap<gflow::None>>>("None+shard", o, l, per_elem));
+    rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, S, Overlap<gflow::Funneled>>>("Funneled+shard", o, l, per_elem));
+    rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, S, Overlap<gflow::Concurrent<2>>>>("Concurrent<2>+shard", o, l, per_elem));
+    rs.push_back(run_overlap_variant<gflow::Exchanger<Pr, Fu, S, Overlap<gflow::Chained>>>("Chained+shard", o, l, per_elem));
   }
   if (rank != 0) return;
   std::fprintf(stderr, "%-20s %12s %12s %12s %9s\n", "strategy", "iteration_ms", "compute_ms", "exchange_ms", "hidden");
