@@ -132,6 +132,17 @@ concept accepts_producer = requires(Context& k, Stream s) { k.set_producer(s); }
 
 // ---- checkpointed state -------------------------------------------------------------------------
 /// read_state reads and validates without changing anything; restore_state applies what it read.
+/// The checkpoint members of an engine that keeps nothing across iterations (Dense, the sharded
+/// Dense): inherit them.
+struct stateless_engine {
+  struct saved_state {};
+  template <class Writer>
+  void save_state(Writer&) const {}
+  template <class Reader>
+  [[nodiscard]] saved_state read_state(Reader&) const { return {}; }
+  void restore_state(saved_state&&) noexcept {}
+};
+
 template <class E>
 concept checkpointed = requires(const E& ce, E& e, checkpoint_writer& w, checkpoint_reader& r) {
   ce.save_state(w);

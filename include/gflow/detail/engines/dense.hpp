@@ -10,7 +10,7 @@
 namespace gflow::detail {
 
 template <class Ctx>
-class dense_engine {
+class dense_engine : public stateless_engine {
  public:
   explicit dense_engine(Ctx& cx) : cx_(&cx) { replan(); }
   void replan() {
@@ -35,13 +35,7 @@ class dense_engine {
   }
   void end_iteration() {}
   [[nodiscard]] std::size_t wire_bytes() const { return cx_->pool->total * sizeof(typename Ctx::wire_type); }
-  // Checkpoints: Dense keeps nothing across iterations.
-  struct saved_state {};
-  template <class Writer>
-  void save_state(Writer&) const {}
-  template <class Reader>
-  [[nodiscard]] saved_state read_state(Reader&) const { return {}; }
-  void restore_state(saved_state&&) noexcept {}
+  // Checkpoints: nothing crosses iterations (stateless_engine's members).
 
  private:
   Ctx* cx_;

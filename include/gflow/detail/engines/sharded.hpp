@@ -21,7 +21,7 @@
 namespace gflow::detail {
 
 template <class Ctx>
-class sharded_dense_engine {
+class sharded_dense_engine : public stateless_engine {
   using W = typename Ctx::wire_type;
 
  public:
@@ -73,13 +73,7 @@ class sharded_dense_engine {
     (void)cx_->kernels->take_nonfinite();  // parameters, not gradients: nothing for the next finish() to report
   }
 
-  // Checkpoints: nothing crosses iterations.
-  struct saved_state {};
-  template <class Writer>
-  void save_state(Writer&) const {}
-  template <class Reader>
-  [[nodiscard]] saved_state read_state(Reader&) const { return {}; }
-  void restore_state(saved_state&&) noexcept {}
+  // Checkpoints: nothing crosses iterations (stateless_engine's members).
 
  private:
   // Bucket b as it goes on the wire: the pool itself (fp32) or its 16-bit cast, divided by P first.
