@@ -28,6 +28,9 @@
       the training-loop options: overlap --learn-order rows (hidden fraction of each strategy with
       and without learn_order, median and range over the files) and exchange --options rows (each
       option's time over gflow's in the same run).
+  python3 bench/plot.py shard RESULTS.jsonl... [-o docs/sharding.png]
+      exchange --shard and overlap --shard rows: the reduce-scatter (and with gather_shards) over the
+      allreduce per network and run, and the hidden fraction with and without sharding.
 Needs matplotlib (pip install matplotlib).
 """
 import argparse
@@ -37,6 +40,7 @@ from collections import defaultdict
 
 from plot_autotune import autotune_table, tuner_runs  # noqa: E402 (the auto-tuner's kinds)
 from plot_common import load
+from plot_shard import shard_report
 
 
 def sweep(rows, out):
@@ -319,7 +323,7 @@ def loops_report(rows, out=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["sweep", "table", "sparse", "kernels", "trace", "autotune", "tuner", "model", "loops"])
+    ap.add_argument("kind", choices=["sweep", "table", "sparse", "kernels", "trace", "autotune", "tuner", "model", "loops", "shard"])
     ap.add_argument("inputs", nargs="+")
     ap.add_argument("-o", "--output")
     ap.add_argument("--iteration", type=int)
@@ -347,6 +351,8 @@ def main():
         model_report(rows, a.output)
     elif a.kind == "loops":
         loops_report(rows, a.output)
+    elif a.kind == "shard":
+        shard_report(rows, a.output)
     else:
         if not a.output:
             sys.exit("plot.py sweep: pass -o FILE.png")
