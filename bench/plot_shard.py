@@ -12,12 +12,12 @@ def shard_report(rows, out=None):
     runs = defaultdict(dict)  # (network, layout, ranks, repeat) -> variant -> median_s
     for r in rows:
         if r.get("suite") == "exchange" and r.get("variant") in ("gflow", "gflow_shard", "gflow_shard_gather"):
-            key = (r.get("network", "?"), r["layout"], r["ranks"], r.get("repeat", r.get("_file")))
+            key = (r.get("network", "?"), r["layout"], r["ranks"], r.get("wire", "fp32"), r.get("repeat", r.get("_file")))
             runs[key][r["variant"]] = r["median_s"]
-    ratios = defaultdict(lambda: defaultdict(list))  # (network, layout, ranks) -> variant -> [ratio per run]
+    ratios = defaultdict(lambda: defaultdict(list))  # (network, layout, ranks, wire) -> variant -> [ratio per run]
     if runs:
-        print("| network | layout | ranks | run | gflow ms | shard ms (/ gflow) | shard + gather ms (/ gflow) |")
-        print("|---|---|---:|---:|---:|---:|---:|")
+        print("| network | layout | ranks | wire | run | gflow ms | shard ms (/ gflow) | shard + gather ms (/ gflow) |")
+        print("|---|---|---:|---|---:|---:|---:|---:|")
         for key in sorted(runs, key=str):
             v = runs[key]
             if "gflow" not in v:
@@ -26,11 +26,11 @@ def shard_report(rows, out=None):
             cells = []
             for name in ("gflow_shard", "gflow_shard_gather"):
                 if name in v:
-                    ratios[key[:3]][name].append(v[name] / g)
+                    ratios[key[:4]][name].append(v[name] / g)
                     cells.append(f"{1e3 * v[name]:.1f} ({v[name] / g:.3f})")
                 else:
                     cells.append("-")
-            print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {1e3 * g:.1f} | {cells[0]} | {cells[1]} |")
+            print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]} | {1e3 * g:.1f} | {cells[0]} | {cells[1]} |")
     hidden = defaultdict(list)  # (layout, ranks, strategy, sharded) -> [hidden fraction per run]
     for r in rows:
         if r.get("suite") == "overlap" and "hidden_fraction" in r:
@@ -50,7 +50,7 @@ def shard_report(rows, out=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     groups = sorted(ratios)
     for i, grp in enumerate(groups):
         for j, (name, label) in enumerate((("gflow_shard", "reduce-scatter"), ("gflow_shard_gather", "reduce-scatter + gather_shards"))):
@@ -64,7 +64,7 @@ def shard_report(rows, out=None):
         ax1.axhline(y, color="gray", ls=style, lw=1)
         ax1.text(len(groups) - 0.5, y, text, fontsize=7, va="bottom", ha="right", color="gray")
     ax1.set_xticks(range(len(groups)))
-    ax1.set_xticklabels([f"{g[0]}\n{g[1]}, {g[2]} ranks" for g in groups], fontsize=8)
+    ax1.set_xticklabels([f"{g[0]}\n{g[1]}, {g[2]} ranks, {g[3]}" for g in groups], fontsize=7)
     ax1.set_ylabel("time / allreduce time (same run)")
     ax1.set_title("Sharding<ReduceScatter>: the exchange (bars: median; dots: runs)", fontsize=9)
     ax1.legend(fontsize=7)
