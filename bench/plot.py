@@ -39,7 +39,7 @@ import sys
 from collections import defaultdict
 
 from plot_autotune import autotune_table, tuner_runs  # noqa: E402 (the auto-tuner's kinds)
-from plot_common import load
+from plot_common import hidden_fractions, load
 from plot_shard import shard_report
 
 
@@ -269,12 +269,7 @@ def model_report(rows, out=None):
 def loops_report(rows, out=None):
     """Training-loop options: learn_order's recovered overlap, and each option's cost."""
     import statistics
-    hidden = defaultdict(list)  # (layout, ranks, strategy, learned) -> [hidden fraction per run]
-    for r in rows:
-        if r.get("suite") == "overlap" and "hidden_fraction" in r:
-            v = r["variant"]
-            learned = v.endswith("+learn")
-            hidden[(r["layout"], r["ranks"], v[:-6] if learned else v, learned)].append(r["hidden_fraction"])
+    hidden = hidden_fractions(rows, "+learn")  # (layout, ranks, strategy, learned) -> [hidden fraction per run]
     if hidden:
         print("| layout | ranks | strategy | hidden, reverse layout order | hidden, learn_order | runs |")
         print("|---|---:|---|---:|---:|---:|")

@@ -6,6 +6,8 @@ and without "+shard"). Prints the two tables and, with -o, draws them side by si
 """
 from collections import defaultdict
 
+from plot_common import hidden_fractions
+
 
 def shard_report(rows, out=None):
     import statistics
@@ -31,12 +33,7 @@ def shard_report(rows, out=None):
                 else:
                     cells.append("-")
             print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]} | {1e3 * g:.1f} | {cells[0]} | {cells[1]} |")
-    hidden = defaultdict(list)  # (layout, ranks, strategy, sharded) -> [hidden fraction per run]
-    for r in rows:
-        if r.get("suite") == "overlap" and "hidden_fraction" in r:
-            v = r["variant"]
-            sharded = v.endswith("+shard")
-            hidden[(r["layout"], r["ranks"], v[:-6] if sharded else v, sharded)].append(r["hidden_fraction"])
+    hidden = hidden_fractions(rows, "+shard")  # (layout, ranks, strategy, sharded) -> [hidden fraction per run]
     pairs = sorted(k for k in hidden if not k[3] and (k[0], k[1], k[2], True) in hidden)
     if pairs:
         print()
