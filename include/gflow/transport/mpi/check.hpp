@@ -13,6 +13,23 @@
 
 #include <string>
 
+// SimGrid's SMPI (bench/simulate.sh) compiles gflow::mpi against its own <mpi.h> (MPI 3.1, its
+// macro SMPI_SHARED_MALLOC tells it apart). Its ranks are user-level contexts of one process, so
+// the transport adapts in two places, and only there (docs/DESIGN.md "Simulated clusters"):
+//   - MPI_Comm_idup is not implemented: the control communicator comes from MPI_Comm_dup;
+//   - no MPI call may come from a thread SMPI did not start: timeouts are not applied (timed()
+//     is false whatever set_timeout says; SimGrid reports a deadlock itself), so no issuing thread.
+#if defined(SMPI_SHARED_MALLOC)
+#define GFLOW_MPI_SMPI 1
+#endif
+namespace gflow::mpi::detail {
+#if defined(GFLOW_MPI_SMPI)
+inline constexpr bool smpi = true;
+#else
+inline constexpr bool smpi = false;
+#endif
+}  // namespace gflow::mpi::detail
+
 #include "../../error.hpp"
 
 namespace gflow::mpi::detail {

@@ -82,7 +82,7 @@ class stall_inspector {
   stall_inspector() = default;
   explicit stall_inspector(std::chrono::milliseconds timeout) : timeout_(timeout) {}
 
-  [[nodiscard]] bool timed() const noexcept { return timeout_.count() > 0; }
+  [[nodiscard]] bool timed() const noexcept { return !detail::smpi && timeout_.count() > 0; }  // SMPI: check.hpp
   [[nodiscard]] std::string where() const { return fmt::format("on rank {} of {}", rank_, size_); }
   void check(int rc, const char* op) const {
     if (rc != MPI_SUCCESS) mpi::detail::check(rc, op, where());
