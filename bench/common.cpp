@@ -111,7 +111,7 @@ options parse(int argc, char** argv) {
       if (v == "all") o.topologies = true;
       else if (v == "hybrid") o.hybrid = true;
       else if (v != "ring")
-        usage("--topology takes ring, all (exchange: ring + Hierarchical<2>, <4> + Hybrid<1 MiB, 2>) or hybrid (overlap --autotune: Hybrid<1 MiB, 2>)");
+        usage("--topology takes ring, all (exchange: ring + Hierarchical<2>, <4>, from 16 ranks <8>, from 32 <16> + Hybrid<1 MiB, 2>, from 16 ranks Hybrid<1 MiB, 8>) or hybrid (overlap --autotune: Hybrid<1 MiB, 2>)");
     }
     else if (a == "--iters") o.iters = std::stoi(next());
     else if (a == "--warmup") o.warmup = std::stoi(next());

@@ -169,10 +169,16 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
   // Topologies over the same buckets (bench/run exchange --topology all)
   using H2 = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hierarchical<2>>>;
   using H4 = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hierarchical<4>>>;
+  using H8 = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hierarchical<8>>>;
+  using H16 = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hierarchical<16>>>;
   using Hy = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hybrid<(1u << 20), 2>>>;
+  using Hy8 = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hybrid<(1u << 20), 8>>>;
   std::optional<on_mpi<H2>> h2;
   std::optional<on_mpi<H4>> h4;
+  std::optional<on_mpi<H8>> h8;
+  std::optional<on_mpi<H16>> h16;
   std::optional<on_mpi<Hy>> hy;
+  std::optional<on_mpi<Hy8>> hy8;
   // Another exchanger over the same pool contents, timed like gflow (every tensor ready, finish).
   auto add_exchanger = [&](auto* e, const char* name) {
     vs.push_back({name, e->buckets().size(),
@@ -189,7 +195,10 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
   if (o.topologies && P >= 2) {
     add_topology(h2, "gflow_hierarchical2");
     if (P >= 4) add_topology(h4, "gflow_hierarchical4");
+    if (P >= 16) add_topology(h8, "gflow_hierarchical8");    // from 16 ranks: a node of 8 GPUs (bench/platforms/gpu-nodes)
+    if (P >= 32) add_topology(h16, "gflow_hierarchical16");  // Jia et al.'s best group size at 1024 GPUs
     add_topology(hy, "gflow_hybrid1M_2");
+    if (P >= 16) add_topology(hy8, "gflow_hybrid1M_8");
   }
   vs.push_back({"gflow", ex.buckets().size(),
                 [&] {

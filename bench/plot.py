@@ -28,6 +28,9 @@
       the training-loop options: overlap --learn-order rows (hidden fraction of each strategy with
       and without learn_order, median and range over the files) and exchange --options rows (each
       option's time over gflow's in the same run).
+  python3 bench/plot.py sim RESULTS.jsonl... [-o docs/sim_scale.png]
+      bench/simulate.sh rows: simulated / netem (validate) per run, and time against P per layout,
+      platform and scheme or topology (log-log panels).
   python3 bench/plot.py shard RESULTS.jsonl... [-o docs/sharding.png]
       exchange --shard and overlap --shard rows: the reduce-scatter (and with gather_shards) over the
       allreduce per network and run, and the hidden fraction with and without sharding.
@@ -41,6 +44,7 @@ from collections import defaultdict
 from plot_autotune import autotune_table, tuner_runs  # noqa: E402 (the auto-tuner's kinds)
 from plot_common import hidden_fractions, load
 from plot_shard import shard_report
+from plot_sim import sim_report
 
 
 def sweep(rows, out):
@@ -318,7 +322,7 @@ def loops_report(rows, out=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["sweep", "table", "sparse", "kernels", "trace", "autotune", "tuner", "model", "loops", "shard"])
+    ap.add_argument("kind", choices=["sweep", "table", "sparse", "kernels", "trace", "autotune", "tuner", "model", "loops", "shard", "sim"])
     ap.add_argument("inputs", nargs="+")
     ap.add_argument("-o", "--output")
     ap.add_argument("--iteration", type=int)
@@ -348,6 +352,8 @@ def main():
         loops_report(rows, a.output)
     elif a.kind == "shard":
         shard_report(rows, a.output)
+    elif a.kind == "sim":
+        sim_report(rows, a.output)
     else:
         if not a.output:
             sys.exit("plot.py sweep: pass -o FILE.png")

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Runs gflow's benchmark (the same suites and JSON lines as bench/run) on P simulated ranks of a
+# simulated cluster, with SimGrid's SMPI (Debian: libsimgrid-dev, smpicxx / smpirun):
+#
+#   bench/simulate.sh run P --platform NAME|FILE [--local-work host|none] [--cores C] [--fold BYTES]
+#                           -- SUITE <bench/run options>
+#   e.g. bench/simulate.sh run 64 --platform 10gbe -- sparse --layout resnet20 --density 0.001
+#   bench/simulate.sh platforms      (lists bench/platforms/*.xml)
+#   bench/simulate.sh validate P [P...] -- SUITE <options>      (root: uses bench/netem.sh)
+#       for each P, back to back: the suite on bench/netem.sh's emulated 1 Gbit/s network (P ranks
+#       on this host's cores), then simulated on 1gbe with this host's local work shared as on netem
+#       (--cores $(nproc)); JSON lines of both ("source":"netem" / "simulated") on stdout, then a
+#       table of simulated / netem per variant on stderr.
+#
+# Each JSON line gains "simulated":true, "platform", "local_work", "host_slowdown" and
+# "folded_above_bytes". The table on stderr is the suite's own.
+#
+# What runs: bench/gflow_bench's sources and the gflow headers, compiled by smpicxx into
+# build-sim/gflow_bench (rebuilt when a header or a bench source is newer). The exchanger, its
+# engines and gflow::mpi::transport are the ones users run; SMPI's limits force two changes in the
+# transport, both under #if defined(SMPI_SHARED_MALLOC) in transport/mpi/check.hpp:
+#   - MPI_Comm_idup is missing: the control communicator comes from MPI_Comm_dup;
+#   - SMPI's ranks are user-level contexts of one process, and MPI calls from any other thread
+#     are not allowed: timeouts are not applied (no issuing thread). The overlap suite's issuing
+#     threads are refused for the same reason (SMPI reports MPI_THREAD_SINGLE; the suite says so).
+# Collectives: SMPI's implementations of Open MPI's algorithms, chosen by Open MPI's own decision
+# rules (smpi/coll-selector:ompi), as the netem runs on Open MPI choose them. SMPI's
+# non-blocking collectives have one (naive) algorithm each: a variant that starts them (Overlap's
+# issuing threads aside, the i-forms) is simulated with those.
+#
+# Platforms (bench/platforms/, hosts named node-0 .. node-N-1, one rank per host, rank r on node-r):
+#   1gbe           the gTop-k paper's cluster: nodes on one 1 Gbit/s switch (non-blocking), 50 us links
+#   10gbe          a two-level fat tree (32 x 32 nodes), 10 Gbit/s links, 5 us per link
+#   100g-fat-tree  the same tree, 100 Gbit/s links, 1 us per link
+#   gpu-nodes      128 nodes of 8 GPUs: NVLink-class links inside a node, a 200 Gbit/s uplink per
+#                  node to a non-blocking switch (bench/platforms/make_gpu_nodes.py writes it)
+#   A FILE of your own works the same way: SimGrid's platform XML, hosts node-0 .. node-(P-1).
+#
+# Local work (what each rank computes between MPI calls: copies, selection, merges). SMPI runs the
+# ranks one at a time on this host and charges each burst's measured time to the simulated clock:
+#   --local-work host   (default) this host's time, one core per rank (the ranks never contend);
+#                       --cores C charges it as if P ranks shared C cores (x P/C, as on netem:
+#                       bench/netem.sh runs P ranks on this host's cores)
+#   --local-work none   local work costs nothing: the network alone
+#   A GPU's kernel times (scripts/gpu-check.sh's H200 figures) are not wired in: not built yet.
+#
+# Memory: every simulated rank lives in this one process, so a run needs about P times one rank's
+# memory (resnet50's sparse suite: about 0.55 GB a rank). --fold BYTES folds every block of at least
+# BYTES (SMPI's shared malloc, global mode; bench/simulate_alloc.cpp routes operator new through
+# it): all ranks' folded buffers then share one physical block, so the gradient values are no
+# longer each rank's own. Measured: the selection then meets ties everywhere and takes ~18x this
+# host's unfolded time, and the ranks select the same entries; so folded runs are only meaningful
+# with --local-work none, and even then a sparse scheme's traffic follows the folded values.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+usage() {
+  sed -n '4,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  [[ -n "${1:-}" ]] && echo "bench/simulate.sh: $1" >&2
+  exit 2
+}
+cmd="${1:-}"
+if [[ "$cmd" == "platforms" ]]; then
+  for f in "$root"/bench/platforms/*.xml; do echo "$(basename "$f" .xml)"; done
+  exit 0
+fi
+if [[ "$cmd" == "validate" ]]; then
+  shift
+  Ps=()
+  while (($#)) && [[ "$1" != "--" ]]; do
+    [[ "$1" =~ ^[1-9][0-9]*$ ]] || usage "validate takes rank counts, then -- and the suite, got '$1'"
+    Ps+=("$1"); shift
+  done
+  (($#)) && shift
+  (($# && ${#Ps[@]})) || usage "validate P [P...] -- SUITE <options>"
+  [[ -x "${GFLOW_BENCH_BUILD:-$root/build-bench}/bench/gflow_bench" ]] || { echo "bench/simulate.sh validate: build the benchmark first (bench/run builds it)" >&2; exit 2; }
+  out="$(mktemp)"
+  for P in "${Ps[@]}"; do
+    echo "bench/simulate.sh validate: $P ranks on netem (1 Gbit/s)" >&2
+    "$root/bench/netem.sh" up "$P" 1gbit
+    rc=0
+    "$root/bench/netem.sh" run "$P" -- "$@" | sed -u 's/^{/{"source":"netem",/' | tee -a "$out" || rc=$?
+    "$root/bench/netem.sh" down "$P"
+    ((rc == 0)) || exit "$rc"
+    echo "bench/simulate.sh validate: $P ranks simulated on 1gbe" >&2
+    "${BASH_SOURCE[0]}" run "$P" --platform 1gbe --cores "$(nproc)" -- "$@" | sed -u 's/^{/{"source":"simulated",/' | tee -a "$out"
+  done
+  python3 - "$out" <<'PY' >&2
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+key = lambda r: (r["ranks"], r.get("variant"), r.get("density"))
+net = {key(r): r for r in rows if r["source"] == "netem" and "median_s" in r}
+print("%5s %-8s %8s %12s %12s %8s %10s %10s" % ("ranks", "variant", "density", "netem_ms", "sim_ms", "sim/net", "net_KB", "sim_KB"))
+for r in rows:
+    if r["source"] != "simulated" or key(r) not in net: continue
+    n = net[key(r)]
+    print("%5d %-8s %8g %12.2f %12.2f %8.3f %10.1f %10.1f" % (r["ranks"], r["variant"], r.get("density", 1), n["median_s"] * 1e3, r["median_s"] * 1e3,
+          r["median_s"] / n["median_s"], n.get("sent_bytes_per_rank", 0) / 1e3, r.get("sent_bytes_per_rank", 0) / 1e3))
+PY
+  rm -f "$out"
+  exit 0
+fi
+[[ "$cmd" == "run" ]] || usage "the first argument is run, validate or platforms"
+P="${2:-}"
+[[ "$P" =~ ^[1-9][0-9]*$ ]] || usage "P must be a positive integer, got '${P}'"
+shift 2
+platform="" local_work=host cores="" fold=0
+while (($#)); do
+  case "$1" in
+    --platform) platform="${2:?--platform needs a name or a file}"; shift 2 ;;
+    --local-work) local_work="${2:-}"; shift 2 ;;
+    --cores) cores="${2:-}"; shift 2 ;;
+    --fold) fold="${2:-}"; shift 2 ;;
+    --) shift; break ;;
+    *) usage "unknown option '$1' (the benchmark's own options go after --)" ;;
+  esac
+done
+(($#)) || usage "the benchmark's suite and options go after --"
+[[ -n "$platform" ]] || usage "--platform is required ($(cd "$root/bench/platforms" && ls *.xml | sed 's/\.xml//' | tr '\n' ' '), or an XML file)"
+[[ "$local_work" == host || "$local_work" == none ]] || usage "--local-work takes host or none (a GPU's times are not built yet), got '$local_work'"
+[[ -z "$cores" || "$cores" =~ ^[1-9][0-9]*$ ]] || usage "--cores takes a positive integer, got '$cores'"
+[[ "$fold" =~ ^[0-9]+$ ]] || usage "--fold takes a size in bytes, got '$fold'"
+for a in "$@"; do
+  [[ "$a" == "--ranks" ]] && usage "the ranks are P (bench/simulate.sh run P), not --ranks"
+  [[ "$a" == "inproc" ]] && usage "--transport inproc runs threads of one process: nothing to simulate"
+done
+if [[ -f "$platform" ]]; then xml="$(cd "$(dirname "$platform")" && pwd)/$(basename "$platform")"; name="$(basename "$platform" .xml)"
+elif [[ -f "$root/bench/platforms/$platform.xml" ]]; then xml="$root/bench/platforms/$platform.xml"; name="$platform"
+else usage "no platform '$platform' (bench/simulate.sh platforms lists them; or give an XML file)"; fi
+command -v smpicxx >/dev/null && command -v smpirun >/dev/null ||
+  { echo "bench/simulate.sh: smpicxx / smpirun not found: install SimGrid (scripts/install-deps.sh --simgrid, or apt-get install libsimgrid-dev)" >&2; exit 2; }
+
+build="${GFLOW_SIM_BUILD:-$root/build-sim}"
+bin="$build/gflow_bench"
+srcs=(gflow_bench.cpp common.cpp exchange.cpp overlap.cpp sparse.cpp model.cpp kernels.cpp simulate_alloc.cpp)
+if [[ ! -x "$bin" || -n "$(find "$root/include" "$root/bench" -newer "$bin" \( -name '*.[hc]pp' \) -print -quit)" ]]; then
+  echo "bench/simulate.sh: building $bin with smpicxx (about 90 s on 2 cores)" >&2
+  mkdir -p "$build"
+  smpicxx -std=c++20 -O2 -DNDEBUG -I"$root/include" -DGFLOW_LAYOUT_DIR="\"$root/bench/layouts\"" \
+    "${srcs[@]/#/$root/bench/}" -o "$bin.tmp" -lfmt 2> >(grep -v "^$" >&2)
+  mv "$bin.tmp" "$bin"
+fi
+
+hosts="$(mktemp)"
+trap 'rm -f "$hosts"' EXIT
+for ((i = 0; i < P; i++)); do echo "node-$i"; done > "$hosts"
+# The simulated hosts compute at 1 Gflop/s; smpi/host-speed says how fast this host is in the same
+# unit, so host-speed = slowdown x 1 Gf charges each measured burst `slowdown` times its time.
+slowdown=1
+if [[ -n "$cores" ]] && ((P > cores)); then slowdown="$(awk -v p="$P" -v c="$cores" 'BEGIN { printf "%.6g", p / c }')"; fi
+cfg=(--cfg=smpi/host-speed:"${slowdown}Gf" --cfg=smpi/coll-selector:ompi
+     --log=root.thres:warning --log=smpi_coll.thres:warning --log=xbt_cfg.thres:warning --log=smpi_config.thres:warning)
+[[ "$local_work" == none ]] && cfg+=(--cfg=smpi/simulate-computation:no)
+((fold > 0)) && cfg+=(--cfg=smpi/auto-shared-malloc-thresh:"$fold" --cfg=smpi/shared-malloc:global)
+echo "bench/simulate.sh: $P simulated ranks on $name, local work: $local_work (x$slowdown), folded above: ${fold} B" >&2
+tag="\"simulated\":true,\"platform\":\"$name\",\"local_work\":\"$local_work\",\"host_slowdown\":$slowdown,\"folded_above_bytes\":$fold,"
+rc=0
+smpirun -np "$P" -platform "$xml" -hostfile "$hosts" "${cfg[@]}" "$bin" "$@" | sed -u "s/^{/{$tag/" || rc=$?
+exit "$rc"
