@@ -114,26 +114,27 @@ def sim_report(rows, out=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    layouts = sorted({l for l, _ in panels})
     pfs = sorted({p for _, p in panels})
-    fig, axes = plt.subplots(len(layouts) * 2, len(pfs), figsize=(4.6 * len(pfs), 3.6 * 2 * len(layouts)), squeeze=False)
-    for i, layout in enumerate(layouts):
+    # one row per (layout, kind) that has data: sparse (dense and the sparse schemes), topo (the dense topologies)
+    rows_ = [(l, kind) for l in sorted({l for l, _ in panels}) for kind in ("sparse", "topo")
+             if any(l2 == l and (kind == "topo") == s.startswith("topo ") for (l2, _, s) in t)]
+    fig, axes = plt.subplots(len(rows_), len(pfs), figsize=(4.6 * len(pfs), 3.6 * len(rows_)), squeeze=False)
+    for row, (layout, kind) in enumerate(rows_):
         for j, pf in enumerate(pfs):
-            for row, kind in ((2 * i, "sparse"), (2 * i + 1, "topo")):
-                ax = axes[row][j]
-                for s in sorted(s for (l, p, s) in t if (l, p) == (layout, pf)):
-                    if (kind == "topo") != s.startswith("topo "):
-                        continue
-                    v = t[(layout, pf, s)]
-                    Ps = sorted(v)
-                    ax.plot(Ps, [v[P] for P in Ps], "o-" if "0.01" not in s else "s--", ms=3, label=s.replace("topo ", ""))
-                ax.set_xscale("log", base=2)
-                ax.set_yscale("log")
-                ax.set_xlabel("ranks P")
-                ax.set_ylabel("ms per iteration")
-                ax.set_title(f"{layout} on {pf}: " + ("dense and sparse" if kind == "sparse" else "dense topologies"), fontsize=9)
-                ax.legend(fontsize=6)
-                ax.grid(True, which="both", lw=0.3)
+            ax = axes[row][j]
+            for s in sorted(s for (l, p, s) in t if (l, p) == (layout, pf)):
+                if (kind == "topo") != s.startswith("topo "):
+                    continue
+                v = t[(layout, pf, s)]
+                Ps = sorted(v)
+                ax.plot(Ps, [v[P] for P in Ps], "o-" if "0.01" not in s else "s--", ms=3, label=s.replace("topo ", ""))
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("ranks P")
+            ax.set_ylabel("ms per iteration")
+            ax.set_title(f"{layout} on {pf}: " + ("dense and sparse" if kind == "sparse" else "dense topologies"), fontsize=9)
+            ax.legend(fontsize=6)
+            ax.grid(True, which="both", lw=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
