@@ -39,10 +39,10 @@
 #             then the two-speed network (1 Gbit/s between groups, 10 inside) for the topologies
 #   simvalidate  (as root) bench/simulate.sh validate 4 8: the sparse suite on resnet50 (d = 0.001,
 #             0.01) on netem's 1 Gbit/s and simulated on 1gbe, back to back, N runs
-#             (sim_validate_1gbe.jsonl / .log); docs/sim_scale.png
+#             (its rows of sim.jsonl); docs/sim_scale.png
 #   simscale  simulated clusters (bench/simulate.sh): sparse (d = 0.001, 0.01) and exchange
 #             --topology all at P = 8 .. 64 on resnet20; sparse on resnet50 at 8 and 16; on 1gbe, 10gbe and
-#             gpu-nodes (sim_scale.jsonl / .log); docs/sim_scale.png
+#             gpu-nodes (its rows of sim.jsonl); docs/sim_scale.png
 # Run it alone on the machine: a compile or a test beside it makes the numbers worthless.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -70,36 +70,43 @@ netrun() {  # netrun NAME P ARGS...: one bench/netem.sh run on P ranks (the netw
   printf '[%s] bench/netem.sh run %s -- %s > %s.jsonl\n' "$(date +%T)" "$p" "$*" "${f#$root/}" >&2
   "$root/bench/netem.sh" run "$p" -- "$@" > "$f.jsonl" 2> "$f.log"
 }
-simrun() {  # simrun FILE P PLATFORM ARGS...: one bench/simulate.sh run, appended to FILE.jsonl / FILE.log
-  local f="$out/$1" p="$2" pf="$3"; shift 3
-  printf '[%s] bench/simulate.sh run %s --platform %s -- %s >> %s.jsonl\n' "$(date +%T)" "$p" "$pf" "$*" "${f#$root/}" >&2
-  printf '==== bench/simulate.sh run %s --platform %s -- %s\n' "$p" "$pf" "$*" >> "$f.log"
-  "$root/bench/simulate.sh" run "$p" --platform "$pf" -- "$@" >> "$f.jsonl" 2>> "$f.log" ||
-    printf 'FAILED (exit %s): bench/simulate.sh run %s --platform %s -- %s\n' "$?" "$p" "$pf" "$*" | tee -a "$f.log" >&2
+# Section 10 keeps every simulated row in one file, docs/results/sim.jsonl: the validation's rows
+# begin {"run":N,"source":...}, the model's carry "suite":"model", the scale runs are the rest. Each
+# section replaces only its own rows; the suites' tables go to stderr.
+simfile="$out/sim.jsonl"
+simkeep() {  # simkeep GREP-ARGS...: keep only the rows of sim.jsonl that grep selects
+  [[ -f "$simfile" ]] || return 0
+  grep "$@" "$simfile" > "$simfile.tmp" || true
+  mv "$simfile.tmp" "$simfile"
+}
+simrun() {  # simrun P PLATFORM ARGS...: one bench/simulate.sh run, appended to sim.jsonl
+  local p="$1" pf="$2"; shift 2
+  printf '[%s] bench/simulate.sh run %s --platform %s -- %s >> %s\n' "$(date +%T)" "$p" "$pf" "$*" "${simfile#$root/}" >&2
+  "$root/bench/simulate.sh" run "$p" --platform "$pf" -- "$@" >> "$simfile" ||
+    printf 'FAILED (exit %s): bench/simulate.sh run %s --platform %s -- %s\n' "$?" "$p" "$pf" "$*" >&2
 }
 for s in "${sections[@]}"; do
   case "$s" in
-    simvalidate)  # section 10: simulated 1gbe against netem's 1 Gbit/s, back to back, N runs (one file)
-      rm -f "$out/sim_validate_1gbe.jsonl" "$out/sim_validate_1gbe.log"
+    simvalidate)  # section 10: simulated 1gbe against netem's 1 Gbit/s, back to back, N runs
+      simkeep -v '^{"run":'
       for r in $(seq 1 "$repeats"); do
         printf '[%s] bench/simulate.sh validate 4 8 -- sparse --layout resnet50 (run %s)\n' "$(date +%T)" "$r" >&2
-        printf '==== run %s: bench/simulate.sh validate 4 8 -- sparse --layout resnet50 --density 0.001,0.01 --iters 7 --warmup 3\n' "$r" >> "$out/sim_validate_1gbe.log"
-        "$root/bench/simulate.sh" validate 4 8 -- sparse --layout resnet50 --density 0.001,0.01 --iters 7 --warmup 3 \
-          2>> "$out/sim_validate_1gbe.log" | sed "s/^{/{\"run\":$r,/" >> "$out/sim_validate_1gbe.jsonl"
+        "$root/bench/simulate.sh" validate 4 8 -- sparse --layout resnet50 --density 0.001,0.01 --iters 7 --warmup 3 |
+          sed "s/^{/{\"run\":$r,/" >> "$simfile"
       done
-      plot sim "$out/sim_validate_1gbe.jsonl" "$out/sim_scale.jsonl" -o "$root/docs/sim_scale.png" ;;
-    simscale)  # section 10: P = 8 .. 64 simulated (one file; resnet50 to 16 ranks: each rank's memory is real)
-      rm -f "$out/sim_scale.jsonl" "$out/sim_scale.log"
+      plot sim "$simfile" -o "$root/docs/sim_scale.png" ;;
+    simscale)  # section 10: P = 8 .. 64 simulated (resnet50 to 16 ranks: each rank's memory is real)
+      simkeep -E '^\{"run":|"suite":"model"'
       for pf in 1gbe 10gbe gpu-nodes; do
         for p in 8 16 32 64; do
-          simrun sim_scale "$p" "$pf" sparse --layout resnet20 --density 0.001,0.01 --iters 7 --warmup 3
-          simrun sim_scale "$p" "$pf" exchange --layout resnet20 --topology all --iters 7 --warmup 3
+          simrun "$p" "$pf" sparse --layout resnet20 --density 0.001,0.01 --iters 7 --warmup 3
+          simrun "$p" "$pf" exchange --layout resnet20 --topology all --iters 7 --warmup 3
         done
         # every simulated rank's buffers are real memory: about 0.6 GB a rank for the sparse suite
         # (exchange --topology all on resnet50 did not finish in 8 minutes at 8 ranks: left out)
-        for p in 8 16; do simrun sim_scale "$p" "$pf" sparse --layout resnet50 --density 0.001,0.01 --iters 7 --warmup 3; done
+        for p in 8 16; do simrun "$p" "$pf" sparse --layout resnet50 --density 0.001,0.01 --iters 7 --warmup 3; done
       done
-      plot sim "$out/sim_validate_1gbe.jsonl" "$out/sim_scale.jsonl" -o "$root/docs/sim_scale.png" ;;
+      plot sim "$simfile" -o "$root/docs/sim_scale.png" ;;
     exchange)
       for r in $(seq 1 "$repeats"); do  # repeats interleaved across configurations
         run "ex_resnet50_2_r$r" exchange --layout resnet50 --ranks 2 --iters 21

@@ -1,8 +1,8 @@
 """bench/plot.py sim: the simulated clusters of bench/simulate.sh (docs/BENCHMARKS.md section 10).
 
-Reads bench/simulate.sh validate rows ("source": "netem" / "simulated", a "run" field per repeat, as
-docs/results/sim_validate_1gbe.jsonl holds them) and bench/simulate.sh run rows ("simulated": true,
-"platform"; docs/results/sim_scale.jsonl). Prints:
+Reads docs/results/sim.jsonl (bench/measure.sh simvalidate / simscale): bench/simulate.sh validate rows
+("source": "netem" / "simulated", a "run" field per repeat) and bench/simulate.sh run rows
+("simulated": true, "platform"). Prints:
   1. validation: simulated / netem per rank count, variant and density, every run;
   2. at scale: the median time per layout, platform, density and P of dense, TopK, GTopK, OkTopK
      (sparse suite) and of the ring, Hierarchical<g> and Hybrid (exchange --topology all), with
