@@ -12,6 +12,9 @@ With -o, draws the log-log time against P, one panel per layout and platform.
 from collections import defaultdict
 
 
+ORDER = ("dense", "TopK", "GTopK", "OkTopK", "CSC")  # the sparse suite's variants, as it runs them
+
+
 def _validation(rows):
     runs = defaultdict(dict)  # (run, ranks, variant, density) -> source -> row
     for r in rows:
@@ -26,7 +29,7 @@ def _validation(rows):
     print("| ranks | variant | density | netem ms (runs) | simulated ms (runs) | simulated / netem (runs) | within 25% |")
     print("|---:|---|---:|---|---|---|---:|")
     inside = total = 0
-    for (P, v, d), xs in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][2], ["dense", "TopK", "GTopK", "OkTopK", "CSC"].index(kv[0][1]) if kv[0][1] in ("dense", "TopK", "GTopK", "OkTopK", "CSC") else 9)):
+    for (P, v, d), xs in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][2], ORDER.index(kv[0][1]) if kv[0][1] in ORDER else len(ORDER))):
         rat = [s / n for _, n, s in xs]
         ok = sum(1 for x in rat if 0.75 <= x <= 1.25)
         inside += ok
@@ -101,7 +104,7 @@ def sim_report(rows, out=None):
             v = t[(layout, pf, s)]
             print(f"| {s} | " + " | ".join(f"{v[P]:.2f}" if P in v else "-" for P in Ps) + " |")
         for d in ("0.001", "0.01"):
-            g, k, ok, dn = (t.get((layout, pf, f"{n} d={d}"), {}) for n in ("GTopK", "TopK", "OkTopK", "dense"))
+            g, k, ok = (t.get((layout, pf, f"{n} d={d}"), {}) for n in ("GTopK", "TopK", "OkTopK"))
             dn = t.get((layout, pf, "dense"), {})
             if not g:
                 continue

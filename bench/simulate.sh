@@ -9,8 +9,8 @@
 #   bench/simulate.sh validate P [P...] -- SUITE <options>      (root: uses bench/netem.sh)
 #       for each P, back to back: the suite on bench/netem.sh's emulated 1 Gbit/s network (P ranks
 #       on this host's cores), then simulated on 1gbe with this host's local work shared as on netem
-#       (--cores $(nproc)); JSON lines of both ("source":"netem" / "simulated") on stdout, then a
-#       table of simulated / netem per variant on stderr.
+#       (--cores $(nproc)); JSON lines of both ("source":"netem" / "simulated") on stdout, then
+#       bench/plot.py sim's table of simulated / netem per variant on stderr.
 #
 # Each JSON line gains "simulated":true, "platform", "local_work", "host_slowdown" and
 # "folded_above_bytes". The table on stderr is the suite's own.
@@ -83,18 +83,7 @@ if [[ "$cmd" == "validate" ]]; then
     echo "bench/simulate.sh validate: $P ranks simulated on 1gbe" >&2
     "${BASH_SOURCE[0]}" run "$P" --platform 1gbe --cores "$(nproc)" -- "$@" | sed -u 's/^{/{"source":"simulated",/' | tee -a "$out"
   done
-  python3 - "$out" <<'PY' >&2
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-key = lambda r: (r["ranks"], r.get("variant"), r.get("density"))
-net = {key(r): r for r in rows if r["source"] == "netem" and "median_s" in r}
-print("%5s %-8s %8s %12s %12s %8s %10s %10s" % ("ranks", "variant", "density", "netem_ms", "sim_ms", "sim/net", "net_KB", "sim_KB"))
-for r in rows:
-    if r["source"] != "simulated" or key(r) not in net: continue
-    n = net[key(r)]
-    print("%5d %-8s %8g %12.2f %12.2f %8.3f %10.1f %10.1f" % (r["ranks"], r["variant"], r.get("density", 1), n["median_s"] * 1e3, r["median_s"] * 1e3,
-          r["median_s"] / n["median_s"], n.get("sent_bytes_per_rank", 0) / 1e3, r.get("sent_bytes_per_rank", 0) / 1e3))
-PY
+  python3 "$root/bench/plot.py" sim "$out" >&2  # simulated / netem per variant (bench/plot_sim.py)
   rm -f "$out"
   exit 0
 fi
@@ -126,7 +115,7 @@ if [[ -f "$platform" ]]; then xml="$(cd "$(dirname "$platform")" && pwd)/$(basen
 elif [[ -f "$root/bench/platforms/$platform.xml" ]]; then xml="$root/bench/platforms/$platform.xml"; name="$platform"
 else usage "no platform '$platform' (bench/simulate.sh platforms lists them; or give an XML file)"; fi
 command -v smpicxx >/dev/null && command -v smpirun >/dev/null ||
-  { echo "bench/simulate.sh: smpicxx / smpirun not found: install SimGrid (scripts/install-deps.sh --simgrid, or apt-get install libsimgrid-dev)" >&2; exit 2; }
+  { echo "bench/simulate.sh: smpicxx / smpirun not found: install SimGrid (bash scripts/install-deps.sh, or apt-get install libsimgrid-dev)" >&2; exit 2; }
 
 build="${GFLOW_SIM_BUILD:-$root/build-sim}"
 bin="$build/gflow_bench"
