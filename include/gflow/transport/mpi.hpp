@@ -370,12 +370,12 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
     int level = MPI_THREAD_SINGLE;
     detail::check(MPI_Query_thread(&level), "MPI_Query_thread", "on a new transport");
     state_->thread_multiple = level >= MPI_THREAD_MULTIPLE;
-    // The control communicator. MPI writes the handle when the idup completes, so on a timeout
-    // its target is leaked rather than freed under MPI's feet.
     if constexpr (detail::smpi) {  // SMPI has no MPI_Comm_idup (mpi/check.hpp)
       detail::check(MPI_Comm_dup(comm_, &state_->ctl), "MPI_Comm_dup", where());
       return;
     }
+    // The control communicator. MPI writes the handle when the idup completes, so on a timeout
+    // its target is leaked rather than freed under MPI's feet.
     auto* ctl = new MPI_Comm(MPI_COMM_NULL);
     MPI_Request r = MPI_REQUEST_NULL;
     const int rc = MPI_Comm_idup(comm_, ctl, &r);

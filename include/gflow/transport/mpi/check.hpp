@@ -19,11 +19,8 @@
 //   - MPI_Comm_idup is not implemented: the control communicator comes from MPI_Comm_dup;
 //   - no MPI call may come from a thread SMPI did not start: timeouts are not applied (timed()
 //     is false whatever set_timeout says; SimGrid reports a deadlock itself), so no issuing thread.
-#if defined(SMPI_SHARED_MALLOC)
-#define GFLOW_MPI_SMPI 1
-#endif
 namespace gflow::mpi::detail {
-#if defined(GFLOW_MPI_SMPI)
+#if defined(SMPI_SHARED_MALLOC)
 inline constexpr bool smpi = true;
 #else
 inline constexpr bool smpi = false;
