@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <functional>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -21,7 +23,6 @@ template <class W>
 struct oktopk_reference {
   struct unit_state {
     std::vector<float> local_thr;  // per rank; < 0: not estimated
-    float global_thr = -1.0f;
     std::vector<std::uint64_t> bounds;
   };
   int P;
@@ -36,7 +37,7 @@ struct oktopk_reference {
 
   oktopk_reference(int ranks, bool avg, gflow::detail::oktopk_params p, std::vector<std::pair<std::size_t, std::size_t>> u, std::size_t n)
       : P(ranks), average(avg), prm(p), units(std::move(u)), res(static_cast<std::size_t>(ranks), std::vector<float>(n, 0.0f)), result(n) {
-    for (std::size_t i = 0; i < units.size(); ++i) st.push_back({std::vector<float>(static_cast<std::size_t>(ranks), -1.0f), -1.0f, {}});
+    for (std::size_t i = 0; i < units.size(); ++i) st.push_back({std::vector<float>(static_cast<std::size_t>(ranks), -1.0f), {}});
   }
 
   static float minmag(const std::vector<float>& v) {
@@ -69,7 +70,7 @@ struct oktopk_reference {
           const std::uint32_t tk = std::max<std::uint32_t>(k_::magnitude_key(S.local_thr[q]), 1u);
           for (std::size_t i = 0; i < n; ++i)
             if (k_::magnitude_key(G[off + i]) >= tk) s.push_back(off + i);
-          if (s.size() > cap) exact = true;
+          if (s.size() > cap || 2 * s.size() < k) exact = true;
         }
         if (exact) {
           s.clear();
@@ -106,49 +107,49 @@ struct oktopk_reference {
         S.bounds[Pz] = n;
         for (std::size_t i = 1; i < Pz; ++i) S.bounds[i] = std::min<std::uint64_t>(std::max<std::uint64_t>(sum[i] / Pz, S.bounds[i - 1]), n);
       }
-      // reduce each region in rank order, keep, encode
-      const bool gexact = S.global_thr < 0.0f || it % prm.threshold_period == 0;
-      std::map<std::size_t, W> F;
-      std::map<std::size_t, std::pair<std::size_t, float>> err;  // index -> (owner, rounding)
-      for (std::size_t r = 0; r < Pz; ++r) {
-        std::map<std::size_t, float> red;
+      // reduce each region in rank order
+      std::vector<std::map<std::size_t, float>> red(Pz);
+      for (std::size_t r = 0; r < Pz; ++r)
         for (std::size_t q = 0; q < Pz; ++q)
           for (auto [i, w] : mine[q])
             if (i >= off + S.bounds[r] && i < off + S.bounds[r + 1]) {
-              auto itr = red.find(i);
-              if (itr == red.end()) red[i] = k_::to_float(w);
+              auto itr = red[r].find(i);
+              if (itr == red[r].end()) red[r][i] = k_::to_float(w);
               else itr->second += k_::to_float(w);
             }
-        for (auto [i, s] : red) {
-          if (!gexact && k_::magnitude_key(s) < std::max<std::uint32_t>(k_::magnitude_key(S.global_thr), 1u)) continue;
+      // the global cut, straight from its definition (engines/oktopk/cut.hpp): L = the level
+      // (key >> 21) of the k-th largest nonzero |sum| of the unit, every sum above L kept, and
+      // k - (those) at L, allotted in rank order, each rank's largest first (ties: lower index);
+      // with k or fewer nonzero sums, all of them
+      std::vector<std::uint32_t> all;
+      for (std::size_t r = 0; r < Pz; ++r)
+        for (auto [i, s] : red[r])
+          if (k_::magnitude_key(s) != 0) all.push_back(k_::magnitude_key(s));
+      std::sort(all.begin(), all.end(), std::greater<>());
+      const bool keep_all = all.size() <= k;
+      const std::uint32_t L = keep_all ? 0u : all[k - 1] >> 21;
+      std::size_t left = keep_all ? all.size() : k;
+      for (std::uint32_t key : all)
+        if (!keep_all && (key >> 21) > L) --left;
+      std::map<std::size_t, W> F;
+      std::map<std::size_t, std::pair<std::size_t, float>> err;  // index -> (owner, rounding)
+      for (std::size_t r = 0; r < Pz; ++r) {
+        std::vector<std::pair<std::uint32_t, std::size_t>> at;  // (key, index) at level L
+        for (auto [i, s] : red[r]) {
+          const std::uint32_t key = k_::magnitude_key(s);
+          if (key != 0 && (key >> 21) == L) at.push_back({key, i});
+        }
+        std::sort(at.begin(), at.end(), [](auto x, auto y) { return x.first != y.first ? x.first > y.first : x.second < y.second; });
+        std::set<std::size_t> taken;
+        for (std::size_t j = 0; j < at.size() && left > 0; ++j, --left) taken.insert(at[j].second);
+        for (auto [i, s] : red[r]) {
+          const std::uint32_t key = k_::magnitude_key(s);
+          if (key == 0 || (key >> 21) < L || ((key >> 21) == L && !taken.count(i))) continue;
           const W w = k_::wire_cast<W>(k_::sanitize(s));
           F[i] = w;
           const float d = k_::to_float(w);
           err[i] = {r, (std::isfinite(s) && std::isfinite(d)) ? s - d : 0.0f};
         }
-      }
-      if (gexact) {
-        if (F.size() > k) {
-          std::vector<std::size_t> idx;
-          std::vector<float> v;
-          for (auto [i, w] : F) {
-            idx.push_back(i);
-            v.push_back(k_::to_float(w));
-          }
-          std::map<std::size_t, W> top;
-          for (std::size_t p : brute_topk(v.data(), v.size(), k)) top[idx[p]] = F[idx[p]];
-          F = top;
-        }
-        std::vector<float> v;
-        for (auto [i, w] : F) v.push_back(k_::to_float(w));
-        S.global_thr = minmag(v);
-      } else if (3 * F.size() > 4 * k) {  // the k-th largest |value| of the result (sorted here)
-        std::vector<float> mag;
-        for (auto [i, w] : F) mag.push_back(std::fabs(k_::to_float(w)));
-        std::sort(mag.begin(), mag.end(), [](float x, float y) { return x > y; });
-        S.global_thr = mag[k - 1];
-      } else if (3 * F.size() < 2 * k) {
-        S.global_thr /= static_cast<float>(prm.global_adapt);
       }
       // apply and residuals
       const float post = (!narrow && average) ? 1.0f / Pf : 1.0f;

@@ -403,10 +403,10 @@ TEST_CASE("checkpoint errors: foreign bytes, a newer format version, a bad strea
     const std::string good = f.str();
     {
       std::string v2 = good;
-      v2[8] = 4;  // the format version (a newer one), little-endian
+      v2[8] = 5;  // the format version (a newer one), little-endian
       const std::string msg = load_fails<parse_error>(ex, v2);
       CHECK(contains(msg, "in 'version'"));
-      CHECK(contains(msg, "format version 4; this gflow reads version 3"));
+      CHECK(contains(msg, "format version 5; this gflow reads version 4"));
     }
     {
       // A non-finite residual with a valid checksum (a hand-made file): rejected by value.

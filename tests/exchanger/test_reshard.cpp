@@ -43,7 +43,7 @@ const Layout& rs_layout() {
 /// quarters (and * 3/4) are exact in float.
 float dyadic(int rank, std::size_t i, std::size_t j, int it) {
   const std::uint64_t h = (std::uint64_t(rank) * 7919u + i * 104729u + j * 31u + std::uint64_t(it) * 613u) % 64u;
-  return (static_cast<float>(h) - 32.0f) / 64.0f;
+  return (static_cast<float>(h) - 32.0f) / 64.0f * static_cast<float>(1 + rank % 3);  // magnitudes differ by rank (so do OkTopK's local thresholds)
 }
 
 template <class X>
@@ -164,7 +164,6 @@ detail::oktopk_params oktopk_test_params() {
   p.threshold_period = 16;
   p.boundary_period = 24;
   p.local_adapt = 1.02;
-  p.global_adapt = 1.01;
   p.capacity = 3.0;
   return p;
 }
@@ -215,7 +214,7 @@ TEST_CASE("reshard: OkTopK carries its parameters; on another size its estimates
   const auto files = saved_set<E>(P, k, configure);
   // The saved job has estimates, and its local thresholds differ between ranks (they are each
   // rank's own: the set is accepted all the same).
-  std::vector<float> local0(P);
+  std::vector<std::vector<float>> local0(P);  // per rank, every unit's local threshold
   std::size_t units = 0;
   inproc::run(P, [&](inproc::transport& t) {
     on_inproc<E> ex(t, rs_layout());
@@ -227,7 +226,7 @@ TEST_CASE("reshard: OkTopK carries its parameters; on another size its estimates
       CHECK(ex.sparsifier().unit(u).global_thr >= 0.0f);
       CHECK(ex.sparsifier().unit(u).bounds.size() == std::size_t(P) + 1);
     }
-    local0[std::size_t(t.rank())] = ex.sparsifier().unit(0).local_thr;
+    for (std::size_t u = 0; u < ex.sparsifier().units(); ++u) local0[std::size_t(t.rank())].push_back(ex.sparsifier().unit(u).local_thr);
   });
   REQUIRE(units > 1);
   CHECK((local0[0] != local0[1] || local0[0] != local0[2] || local0[0] != local0[3]));
@@ -252,7 +251,6 @@ TEST_CASE("reshard: OkTopK carries its parameters; on another size its estimates
       CHECK(sp.params().threshold_period == 16);
       CHECK(sp.params().boundary_period == 24);
       CHECK(sp.params().local_adapt == 1.02);
-      CHECK(sp.params().global_adapt == 1.01);
       CHECK(sp.params().capacity == 3.0);
       REQUIRE(sp.units() == units);
       for (std::size_t u = 0; u < units; ++u) {
@@ -275,7 +273,7 @@ TEST_CASE("reshard: OkTopK carries its parameters; on another size its estimates
         const auto& want = straight[std::size_t(t.rank())];
         REQUIRE(got.size() == want.size());
         CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);  // bitwise the uninterrupted run
-      } else {  // as on first use: every unit's exact local top-k, boundaries, exact global top-k
+      } else {  // as on first use: every unit's exact local top-k, boundaries, full-range global cut
         CHECK(r1.local == units);
         CHECK(r1.boundary == units);
         CHECK(r1.global == units);
@@ -492,12 +490,12 @@ TEST_CASE("reshard: OkTopK sets with differing parameters or invalid estimates a
     const auto other = saved_set<E>(P, 5, [](auto& ex) { ex.sparsifier().set_params(oktopk_test_params()); });
     check_refused<E, mismatch_error>({files[0], other[1], files[2]}, "checkpoints");
   }
-  // Before the unit count (u64) and the unit's tail: f64 local_adapt, global_adapt, capacity.
+  // Before the unit count (u64) and the unit's tail: f64 local_adapt, capacity.
   // Parameters set alike on every rank but outside what set_params accepts: the re-sharder refuses
   // the set (nothing written), naming the parameter, as the engine would refuse it on load.
-  const std::size_t capacity_at = tail + 8 + 8, global_adapt_at = capacity_at + 8, local_adapt_at = global_adapt_at + 8;
+  const std::size_t capacity_at = tail + 8 + 8, local_adapt_at = capacity_at + 8;
   SUBCASE("parameters out of range") {
-    for (const auto& [at, v, name] : {std::tuple{capacity_at, 100.0, "capacity"}, std::tuple{global_adapt_at, 0.5, "global_adapt"},
+    for (const auto& [at, v, name] : {std::tuple{capacity_at, 100.0, "capacity"},
                                       std::tuple{local_adapt_at, std::numeric_limits<double>::quiet_NaN(), "local_adapt"}}) {
       CAPTURE(name);
       auto f = files;

@@ -61,7 +61,6 @@ TEST_CASE("mpi exchanger: OkTopK equals the reference bit for bit on every rank 
   prm.threshold_period = 4;
   prm.boundary_period = 3;
   prm.local_adapt = 1.1;
-  prm.global_adapt = 1.05;
   auto gfn = [](int r, std::size_t i, int it) { return gflow_test::grad(0, r, i, it) * (1.0f + static_cast<float>(i % 5)); };
   auto check = [&](auto& ex, auto ref, std::size_t threshold) {
     (void)threshold;

@@ -1,8 +1,9 @@
 #pragma once
 // Sparsifier<OkTopK<density>>: Ok-Topk (Li and Hoefler, "Near-optimal sparse allreduce for
 // distributed deep learning", PPoPP'22), a sparse allreduce whose traffic per rank stays below
-// about 4k(P-1)/P entries (index + value) whatever P is, where TopK's all_gather sends k(P-1)
-// and GTopK's tree ceil(log2 P) k plus a broadcast.
+// 3k(P-1)/P entries (index + value: the paper's 6k(P-1)/P words) on every iteration, on average
+// over ranks, whatever P is, where TopK's all_gather sends k(P-1) and GTopK's tree ceil(log2 P) k
+// plus a broadcast.
 //
 //   using Exchange = gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.001>>, gflow::Fusion<4 << 20>>;
 //   Exchange::on<gflow::mpi::transport> ex(comm, layout);
@@ -14,7 +15,8 @@
 //      threshold_period iterations (and on first use) the exact top-k instead (TopK's
 //      selection), which re-estimates the threshold as the smallest |G| it selected; a threshold
 //      selection over its capacity takes the exact top-k among its candidates (no second pass
-//      while they fit 4 x capacity, a full radix select beyond). In between the threshold adapts: / local_adapt
+//      while they fit 4 x capacity, a full radix select beyond), and one under k/2 a full radix
+//      select of the G it stored (the gradients shrank). In between the threshold adapts: / local_adapt
 //      when fewer than 2k/3 were selected, x local_adapt above 5k/4. The selected values are
 //      taken in the wire type (16-bit wire with averaging: divided by P first; the rounding stays
 //      in the residual), exactly as TopK does.
@@ -25,22 +27,26 @@
 //   3. Split-and-reduce: an all_to_all of one u64 per peer (how many entries each rank sends to
 //      each region), checked, then an all_to_allv of the blocks (support/oktopk_message.hpp).
 //      Rank q checks every block, then sums the entries of each index in rank order 0..P-1 (fp32).
-//   4. Balance-and-allgatherv: rank q keeps its reduced entries with |sum| >= the unit's global
-//      threshold (every reduced entry on an exact iteration), encodes them in the wire type, and
-//      all-gathers them: an all_gather of each rank's 24-byte header (the count, or a fault mark),
-//      then an all_gatherv of the blocks. Every rank checks every block. The result F is their
-//      union (increasing indices, regions in rank order); on exact iterations (every
-//      threshold_period, and on first use) F is the exact top-k (ties: lower index) of everything
-//      gathered, and its smallest |value| is the new global threshold; in between the global
-//      threshold adapts: / global_adapt below 2k/3 entries, x global_adapt above 4k/3.
-//      (The paper's balancing step, which evens out the blocks before a fixed-size allgather, is
-//      not needed: the all_gatherv moves the blocks at their own sizes.)
+//   4. The global cut and the allgatherv (engines/oktopk/cut.hpp): every rank counts its region's
+//      sums by level (the bits of |sum| >> 21: four levels per octave), an all_reduce of 32 counts
+//      sums them over ranks (one round while the previous iteration's level frames the k-th
+//      largest sum, else a coarse and a fine round over the whole range), and every rank reaches
+//      the same cut: every sum above the level of the unit's k-th largest |sum|, and at that level
+//      k minus those, allotted in rank order, each rank's largest first (ties: lower index). So
+//      the result holds exactly k entries (all nonzero sums when there are fewer) on every
+//      iteration, whatever the gradients did since the last: no threshold to fall behind them.
+//      Each rank all-gathers a 24-byte announcement (its counts above and at the level, or a
+//      fault mark), from which every rank computes every block's count, then an all_gatherv of
+//      the blocks, encoded in the wire type. Every rank checks every block. The result F is their
+//      union (increasing indices, regions in rank order). (The paper's balancing step, which
+//      evens out the blocks before a fixed-size allgather, is not needed: the all_gatherv moves
+//      the blocks at their own sizes; a region holding more of the top-k sends more.)
 //   5. The unit is zeroed and F written (divided by P with an fp32 wire and averaging): the same
 //      bits on every rank.
 // Residuals (nothing is lost; tests/engines/test_oktopk.cpp checks it bitwise on dyadic inputs):
 //   - a rank's own selected entries whose index is not in F go back into its own residual whole
 //     (GTopK's Algorithm 4 line 10): the contributors keep their own contributions, also for a
-//     region whose reduced sum the global threshold (or the exact global top-k) dropped; the
+//     region whose reduced sum the global cut dropped; the
 //     owner of that region keeps nothing of it;
 //   - the owner of an applied entry keeps the rounding of its 16-bit re-encoding (0 with fp32).
 //   So fed = P x applied average + held, summed over ranks. Non-finite values: as in TopK and
@@ -52,12 +58,13 @@
 // selection back into its residual first.
 //
 // Parameters (ex.sparsifier().set_params(gflow::oktopk_params{...}); defaults from the authors' code): threshold_period
-// 32, boundary_period 64, local_adapt 1.012, global_adapt 1.008, capacity 2. Densities and
+// 32, boundary_period 64, local_adapt 1.012, capacity 2 (the global cut has no parameter). Densities and
 // schedules: set_density / set_schedule as TopK. Checkpoints hold TopK's fields plus the
-// parameters and, per unit, both thresholds and the boundaries (re-sharded onto another number
+// parameters and, per unit, the local threshold, the global cut's last level (as a threshold)
+// and the boundaries (re-sharded onto another number
 // of ranks: the residual by the share rule, the estimates reset, support/reshard.hpp). Introspection: residual(),
 // selected(), exchanged(), k(), wire_bytes() (every round), reestimated() (which iterations
-// paid for an exact selection, a boundary estimate or an exact global top-k), unit(u).
+// paid for an exact selection, a boundary estimate or a full-range search of the global cut), unit(u).
 // Buffers are reserved for the schedule's largest density: an iteration allocates nothing once
 // warm, re-estimations included. Host and device memory (MPI, in-process, mock and NCCL
 // transports): on device memory the passes over the pool are CUDA kernels and the per-entry steps
@@ -70,8 +77,8 @@
 
 namespace gflow {
 
-/// Ok-Topk: split-and-reduce over balanced regions, then an allgatherv of the entries above a
-/// global threshold (Li and Hoefler).
+/// Ok-Topk: split-and-reduce over balanced regions, then an allgatherv of the k largest sums,
+/// agreed by a histogram all_reduce (Li and Hoefler; the cut: engines/oktopk/cut.hpp).
 template <double Density>
 struct OkTopK {
   static_assert(Density > 0.0 && Density <= 1.0,
@@ -84,7 +91,7 @@ struct OkTopK {
 };
 
 /// OkTopK's run-time parameters (ex.sparsifier().set_params(p); same on every rank, between
-/// iterations): threshold_period, boundary_period, local_adapt, global_adapt, capacity.
+/// iterations): threshold_period, boundary_period, local_adapt, capacity.
 using oktopk_params = detail::oktopk_params;
 
 static_assert(sparsifier_policy<Sparsifier<OkTopK<0.001>>>);

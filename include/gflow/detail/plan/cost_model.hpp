@@ -210,24 +210,21 @@ struct cost_model {
   /// OkTopK on a threshold iteration, amortised over its re-estimations (policies/oktopk.hpp):
   /// split-and-reduce = an all_to_all of P u64 counts and an all_to_allv of about k (P-1)/P pairs
   /// to the other ranks (P - 1 messages each: (P-1) alpha + bytes beta on the send_recv fit), the
-  /// header all_gather (24 B) and the all_gatherv of the kept blocks (k / P pairs per rank, an
-  /// all_gather of that size); every threshold_period iterations the all_gatherv carries every
-  /// reduced entry instead: the union of the ranks' selections, `union_k` x k entries (1: every
-  /// rank selects the same indices, P: disjoint selections; 2 is an assumption, to be calibrated
-  /// against bench/run sparse's result and selection counts), union_k k / P pairs per rank; every
-  /// boundary_period iterations an allreduce of P - 1 u64 is added.
-  [[nodiscard]] double oktopk(int P, std::size_t k, std::size_t pair_bytes, double threshold_period = 32, double boundary_period = 64,
-                              double union_k = 2.0) const {
+  /// global cut's allreduce of 32 u32 counts (engines/oktopk/cut.hpp: one round while the window
+  /// holds; the full-range search's second round on first use and misses is left out), the 24-byte
+  /// announcement all_gather and the all_gatherv of the kept blocks (exactly k entries in all: k / P
+  /// pairs per rank, an all_gather of that size); every boundary_period iterations an allreduce of
+  /// P - 1 u64 is added.
+  [[nodiscard]] double oktopk(int P, std::size_t k, std::size_t pair_bytes, double boundary_period = 64) const {
     if (P <= 1) return 0.0;
     const double p = P, kk = static_cast<double>(k), pb = static_cast<double>(pair_bytes), hdr = 24.0;
     auto a2a = [&](double bytes_sent) { return (p - 1.0) * send_recv.at(bytes_sent / (p - 1.0)).alpha + send_recv.at(bytes_sent / (p - 1.0)).beta * bytes_sent; };
     const double split = a2a(8.0 * (p - 1.0)) + a2a(kk * (p - 1.0) / p * pb + hdr * (p - 1.0));
+    const double cut = collective(collective_kind::allreduce, P, 32.0 * 4.0);
     const double kept = kk / p * pb + hdr;
     const double gather = collective(collective_kind::all_gather, P, hdr) + collective(collective_kind::all_gather, P, kept);
-    const double uk = std::min(union_k, p);
-    const double exact = (collective(collective_kind::all_gather, P, uk * kk / p * pb + hdr) - collective(collective_kind::all_gather, P, kept)) / threshold_period;
     const double bounds = collective(collective_kind::allreduce, P, 8.0 * (p - 1.0)) / boundary_period;
-    return split + gather + exact + bounds;
+    return split + cut + gather + bounds;
   }
   /// CSC: the allreduce of the chunk norms (fp32, one per chunk) and of the selected chunks in
   /// the wire type, one allreduce each (the selected chunks fused into one buffer).
@@ -291,10 +288,10 @@ struct exchange_model {
     return comm.gtopk(P, k, pair_bytes) + (local.accumulate + local.zero) * n + lg * 2.0 * kk * local.merge_step + kk * local.entry;
   }
   /// OkTopK on a threshold iteration: each rank selects about k entries (its threshold adapts to
-  /// that) and sends each to its region's owner, who sums about k; about k entries come back in
-  /// the result on every rank. With selections that differ between ranks (independent gradients:
-  /// the union is about P k) a rank's share of the result is about k / P of its own k, so it
-  /// restores (P - 1) / P of them.
+  /// that) and sends each to its region's owner, who sums about k; exactly k entries come back in
+  /// the result on every rank (the global cut). With selections that differ between ranks
+  /// (independent gradients: the union is about P k) a rank's share of the result is about k / P
+  /// of its own k, so it restores (P - 1) / P of them.
   [[nodiscard]] double oktopk(int P, std::size_t k, std::size_t pair_bytes, std::size_t elements) const {
     const double n = static_cast<double>(elements), kk = static_cast<double>(k), p = std::max(P, 1);
     return comm.oktopk(P, k, pair_bytes) + (local.ok_select + local.zero) * n + kk * (local.ok_entry + local.ok_result) +

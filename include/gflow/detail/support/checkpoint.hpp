@@ -42,8 +42,9 @@
 namespace gflow::detail {
 
 inline constexpr char checkpoint_magic[8] = {'G', 'F', 'L', 'O', 'W', 'C', 'K', 'P'};
-// 2: the tuner's Hybrid switch and its hierarchical fit; 3: EXCH holds the learn_order state
-inline constexpr std::uint32_t checkpoint_version = 3;
+// 2: the tuner's Hybrid switch and its hierarchical fit; 3: EXCH holds the learn_order state;
+// 4: OkTopK's parameters lose global_adapt (its global selection became the cut, engines/oktopk/cut.hpp)
+inline constexpr std::uint32_t checkpoint_version = 4;
 /// Longest composition name a checkpoint may carry (a policy list's name is a few hundred bytes).
 inline constexpr std::size_t checkpoint_max_name = std::size_t{1} << 16;
 

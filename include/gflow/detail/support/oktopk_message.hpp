@@ -5,8 +5,9 @@
 // Each block is a sparse message (support/sparse_message.hpp) whose capacity equals its count:
 //   [header, 24 bytes][count indices of I][count values of W], header.count == count.
 // The count travels first, apart from the block (split-and-reduce: an all_to_all of one u64 per
-// peer; balance-and-allgatherv: an all_gather of each rank's 24-byte header, which also carries
-// a fault mark), so that the receiver knows the block's size before the variable collective.
+// peer; balance-and-allgatherv: an all_gather of each rank's 24-byte announcement, from which
+// every rank computes every block's count, and which also carries a fault mark), so that the
+// receiver knows the block's size before the variable collective.
 //   check_count : a received count must not exceed `cap` (what the sender can hold).
 //   check_block : a received block must hold exactly bytes(count) bytes, a header whose count
 //                 is that count and status 0, indices strictly increasing in [lo, hi), no NaN.
@@ -19,6 +20,20 @@
 #include "sparse_message.hpp"
 
 namespace gflow::detail::oktopk_message {
+
+/// What each rank all-gathers before the result blocks (24 bytes): how many of its reduced sums lie
+/// above the global cut's level, and how many at it (at most the cut's allowance, and at most
+/// 2^32 - 1: a rank never takes more at the level than it announced), or, status != 0, the fault
+/// mark of a split block it rejected (status, reporter, source as in sparse_message::header).
+/// engines/oktopk/cut.hpp turns every rank's announcement into its block's count.
+struct announcement {
+  std::uint64_t above = 0;
+  std::uint32_t status = 0;
+  std::uint32_t reporter = 0;
+  std::uint32_t source = 0;
+  std::uint32_t at_cut = 0;
+};
+static_assert(sizeof(announcement) == sparse_message::header_bytes);
 
 /// Bytes of a block of `count` entries.
 constexpr std::size_t block_bytes(std::size_t count, std::size_t index_bytes, std::size_t value_bytes) noexcept {

@@ -16,11 +16,11 @@ namespace gflow::detail {
 /// OkTopK's run-time parameters (Sparsifier<OkTopK<d>>::set_params); the defaults are the
 /// authors' code's (Shigangli/Ok-Topk, VGG/allreducer.py).
 struct oktopk_params {
-  std::uint64_t threshold_period = 32;  // exact local top-k and exact global top-k every this many iterations
+  std::uint64_t threshold_period = 32;  // exact local top-k every this many iterations
   std::uint64_t boundary_period = 64;   // region boundaries re-estimated every this many iterations
   double local_adapt = 1.012;           // local threshold x / ÷ this when a selection leaves [2k/3, 5k/4]
-  double global_adapt = 1.008;          // global threshold ÷ this when the result has < 2k/3 entries (> 4k/3: set to its k-th largest)
   double capacity = 2.0;                // a threshold selection keeps at most capacity * k entries (else exact top-k)
+  // (The global selection has no parameter: engines/oktopk/cut.hpp agrees on it every iteration.)
 };
 
 /// What is wrong with p, if anything: the parameter, why, and the fix for a caller of set_params.
@@ -36,9 +36,6 @@ inline std::optional<oktopk_params_problem> find_oktopk_params_problem(const okt
   if (!(p.local_adapt >= 1.0 && p.local_adapt <= 2.0))
     return oktopk_params_problem{"local_adapt", fmt::format("the local threshold's adaptation factor {:f} is outside [1, 2].", p.local_adapt),
                                  "pass e.g. 1.012 (1: no adaptation)."};
-  if (!(p.global_adapt >= 1.0 && p.global_adapt <= 2.0))
-    return oktopk_params_problem{"global_adapt", fmt::format("the global threshold's adaptation factor {:f} is outside [1, 2].", p.global_adapt),
-                                 "pass e.g. 1.008 (1: no adaptation)."};
   if (!(p.capacity >= 1.0 && p.capacity <= 64.0))
     return oktopk_params_problem{"capacity", fmt::format("the selection capacity {:f} x k is outside [1, 64].", p.capacity), "pass e.g. 2 (the default)."};
   return std::nullopt;
@@ -49,13 +46,12 @@ inline void check_oktopk_params(const oktopk_params& p) {
   if (const auto q = find_oktopk_params_problem(p)) throw invalid_argument(q->subject, q->why, q->fix);
 }
 
-/// The parameters in a checkpoint (the engine's save_state): five fields in this order, which
+/// The parameters in a checkpoint (the engine's save_state): four fields in this order, which
 /// read_oktopk_params reads back for the engine's load and for the re-sharder.
 inline void write_oktopk_params(checkpoint_writer& w, const oktopk_params& p) {
   w.u64(p.threshold_period);
   w.u64(p.boundary_period);
   w.f64(p.local_adapt);
-  w.f64(p.global_adapt);
   w.f64(p.capacity);
 }
 
@@ -66,7 +62,6 @@ inline oktopk_params read_oktopk_params(checkpoint_reader& r) {
   p.threshold_period = r.u64("threshold_period");
   p.boundary_period = r.u64("boundary_period");
   p.local_adapt = r.f64("local_adapt");
-  p.global_adapt = r.f64("global_adapt");
   p.capacity = r.f64("capacity");
   if (const auto q = find_oktopk_params_problem(p)) r.fail(q->subject, "the checkpoint's OkTopK parameters are invalid: " + q->why);
   return p;

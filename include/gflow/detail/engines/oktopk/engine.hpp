@@ -13,7 +13,7 @@
 // The work over the pool (the accumulation and selection pass, the take, zeroing and writing the
 // result, the residual updates) runs on the backend: host_backend's kernels::, or
 // device_backend's CUDA twins on the transport's stream. The per-entry bookkeeping between them
-// (region cuts, the split, the checks, the reduction by index, the keep, the global top-k) is host
+// (region cuts, the split, the checks, the reduction by index, the global cut, the keep) is host
 // code for both, on host copies of the lists: on device memory the selection's indices and keys
 // and the taken values come down (about capacity x k entries), each collective's buffers go up to
 // the transport and back through a staging buffer, and the result and the rounding errors go up.
@@ -75,15 +75,15 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   /// (P + 1 offsets from the unit's start; empty: not estimated yet).
   struct unit_state {
     float local_thr = -1.0f;
-    float global_thr = -1.0f;
+    float global_thr = -1.0f;  // the global cut's last level, as its smallest value (centres the next window)
     std::vector<std::uint64_t> bounds;
   };
   /// What this rank re-estimated this iteration (the passes the threshold path saves).
   struct reestimations {
     std::size_t local = 0;     // exact local top-k (period, first use, or a threshold selection over capacity)
     std::size_t boundary = 0;  // boundary re-estimations (one all_reduce of P - 1 offsets each)
-    std::size_t global = 0;    // exact global top-k (every reduced entry all-gathered)
-    std::size_t second_pass = 0;  // threshold selections so far over capacity that a full radix select ran after them
+    std::size_t global = 0;    // full-range searches of the global cut (first use, or the window missed: two all_reduces instead of one)
+    std::size_t second_pass = 0;  // threshold selections (over 4 x capacity, or under k/2) that a full radix select ran after
   };
 
   explicit oktopk_engine(Ctx& cx) : settings(Density, cx.pool->total), cx_(&cx) {
@@ -298,7 +298,9 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   // period says so and on first use. When the threshold selection runs over its capacity, the
   // exact top-k is taken among the candidates it gathered (up to 4 x capacity: every element at or
   // above the threshold is one, so the k largest are among them), without another pass; only
-  // beyond that a full radix select of the G already stored (reestimations::second_pass).
+  // beyond that, or when it gathered fewer than k/2 (the gradients shrank under a threshold that
+  // the adaptation would take hundreds of iterations to bring down), a full radix select of the
+  // G already stored (reestimations::second_pass).
   // Returns the count; the indices, increasing, are in lists<I>().sel (host) and, on device
   // memory, in lists<I>().dsel; on exact selections their keys (|G| bits) in sel_keys_.
   template <class I>
@@ -344,7 +346,7 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   std::vector<std::uint64_t> cand_pos_;   // the threshold pass's candidates (pool positions) ...
   std::vector<std::uint32_t> cand_keys_;  // ... and their keys
   std::vector<std::uint32_t> sel_keys_;   // the selection's keys (|G| bits): the local threshold's estimate
-  std::vector<std::uint32_t> hkeys_;      // host radix scratch: the candidates' and the global top-k's
+  std::vector<std::uint32_t> hkeys_;      // host radix scratch: the candidates'
   std::vector<float> fix_err_;            // the rounding errors added to the residual at lists<I>().fix
   // device memory only (empty on host memory): copies of the lists above, and the collectives' staging
   buffer<std::uint64_t> dcand_pos_;
@@ -359,14 +361,16 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   std::vector<W> mine_val_, recv_val_, kept_val_, result_val_;  // the values of sel, recv, kept, result
   std::vector<float> kept_err_;  // each kept entry's rounding in the wire type
   std::vector<std::pair<std::uint64_t, float>> red_;  // the sums of this rank's region, by index
-  std::vector<float> decoded_, mag_;
-  std::vector<std::uint64_t> pick_;  // the exact global top-k's positions in the result
+  std::vector<float> decoded_;
+  std::vector<std::uint32_t> red_keys_;    // the keys (|sum| bits) of red_, for the global cut
+  std::vector<std::uint32_t> level_keys_;  // the keys of red_ at the cut's level (this rank's share is its largest)
   std::vector<std::uint8_t> send_buf_, recv_buf_;
   std::vector<std::uint64_t> cuts_;  // the boundary proposals (P - 1)
   std::vector<std::size_t> pos_, from_;  // per peer: where its entries start in sel / recv (P + 1)
   std::vector<std::uint64_t> sc_n_, rc_n_;     // per peer: entries sent / received
   std::vector<std::size_t> sbytes_, rbytes_, gbytes_;  // per peer: bytes sent / received in all_to_allv, received in all_gatherv
-  std::vector<sparse_message::header> hdrs_;   // every rank's all-gathered header
+  std::vector<oktopk_message::announcement> anns_;  // every rank's all-gathered announcement
+  std::vector<std::uint64_t> gcount_;           // per rank: entries in its result block
   region_reduce_scratch rr_;  // the region reduction's radix sort (reduce.hpp)
   std::size_t wire_bytes_ = 0, collectives_ = 0, k_total_ = 0, selections_ = 0;
   reestimations reest_{};

@@ -1,17 +1,21 @@
 #pragma once
 // OkTopK's exchange of one selection unit (members of detail::oktopk_engine, engine.hpp):
-// boundaries, split-and-reduce, balance-and-allgatherv, the residual rule, and its checkpoint
-// reader. The steps and their wire traffic are described with the tag in policies/oktopk.hpp.
+// boundaries, split-and-reduce, the global cut (cut.hpp), the allgatherv, the residual rule, and
+// its checkpoint reader. The steps and their wire traffic are described with the tag in policies/oktopk.hpp.
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cut.hpp"
 #include "engine.hpp"
 #include "reduce.hpp"
 
@@ -86,7 +90,7 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
     for (std::size_t q = 0; q < Pz; ++q) sc_n_[q] = pos[q + 1] - pos[q];
     staged(sc_n_.data(), Pz, rc_n_.data(), Pz, [&](const std::uint64_t* sd, std::uint64_t* rd) { t.all_to_all(sd, rd, 1); });
     wire_bytes_ += 8 * (Pz - 1);
-    sparse_message::header mark{};  // status != 0: this rank rejected something
+    oktopk_message::announcement mark{};  // status != 0: this rank rejected something
     sparse_message::unpack_result own{};
     std::uint64_t own_announced = 0;
     std::size_t stotal = 0, rtotal = 0, rentries = 0;
@@ -135,52 +139,135 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
     if (mark.status == 0) reduce_by_index(L.recv.data(), recv_val_.data(), L.recv.size(), lo(mez), hi(mez), rr_, red_);
     else red_.clear();
 
-    // 5. Keep: every reduced entry on an exact iteration (the global top-k is taken after the
-    // gather), else those with |sum| >= the global threshold. Encoded in the wire type; the
-    // rounding error of a kept entry stays with this rank (applied below if the entry is applied).
-    const bool gexact = us.global_thr < 0.0f || due(params_.threshold_period);
-    const std::uint32_t gk = gexact ? 0u : std::max<std::uint32_t>(kernels::magnitude_key(us.global_thr), 1u);
-    for (const auto& [i, s] : red_) {
-      if (!gexact && kernels::magnitude_key(s) < gk) continue;
-      const W w = kernels::wire_cast<W>(kernels::sanitize(s));
-      const float d = kernels::to_float(w);
-      L.kept.push_back(static_cast<I>(i));
-      kept_val_.push_back(w);
-      kept_err_.push_back((std::isfinite(s) && std::isfinite(d)) ? s - d : 0.0f);
+    // 5. The global cut (cut.hpp): every rank counts its region's sums by level, the counts are
+    // summed over ranks (one all_reduce of 32 counts per round: one round while the previous
+    // iteration's level still frames the k-th largest, else a coarse and a fine one), and every
+    // rank reaches the same cut: exactly k sums kept over all regions, or every nonzero one.
+    std::vector<std::uint32_t>& keys = red_keys_;
+    keys.resize(red_.size());
+    for (std::size_t j = 0; j < red_.size(); ++j) keys[j] = kernels::magnitude_key(red_[j].second);
+    auto count_round = [&](oktopk_cut::round r) {
+      std::array<I, oktopk_cut::slots> h{};
+      for (const std::uint32_t key : keys) {
+        const std::uint32_t s = key == 0 ? oktopk_cut::slots : oktopk_cut::slot_of(r, oktopk_cut::level_of(key));
+        if (s < oktopk_cut::slots) ++h[s];
+      }
+      if (P > 1) {
+        staged_in_place(h.data(), h.size(), [&](I* d) { t.all_reduce(d, h.size(), reduce_op::sum); });
+        wire_bytes_ += 2 * h.size() * sizeof(I) * (Pz - 1) / Pz;  // a ring all_reduce sends 2 (P-1)/P of the buffer
+        ++collectives_;
+      }
+      return h;
+    };
+    oktopk_cut::cut cut = oktopk_cut::keep_all;
+    bool settled = false;
+    if (us.global_thr >= 0.0f) {
+      const std::uint32_t lo = oktopk_cut::window_lo(oktopk_cut::level_of(kernels::magnitude_key(us.global_thr)));
+      const auto h = count_round({oktopk_cut::round_kind::window, lo});
+      const auto v = oktopk_cut::settle_window(h.data(), lo, k);
+      cut = v.c;
+      settled = v.settled;
+    }
+    if (!settled) {
+      ++reest_.global;
+      const auto hc = count_round({oktopk_cut::round_kind::coarse, 0});
+      const auto f = oktopk_cut::find(hc.data(), 0, k);
+      if (!f.all) {
+        const auto hf = count_round({oktopk_cut::round_kind::fine, f.slot});
+        cut = oktopk_cut::settle_fine(hf.data(), f.slot, f.above, k);
+      }
     }
 
-    // 6. Balance-and-allgatherv: each rank's header (count, or its fault mark) to every rank,
-    // then the kept blocks. Every rank sees the same bytes, so every rank reaches the same verdict.
-    sparse_message::header hdr = mark;
-    hdr.count = mark.status == 0 ? L.kept.size() : 0;
-    staged(reinterpret_cast<const std::uint8_t*>(&hdr), sizeof hdr, reinterpret_cast<std::uint8_t*>(hdrs_.data()), sizeof hdr * Pz,
-           [&](const std::uint8_t* sd, std::uint8_t* rd) { t.all_gather(sd, rd, sizeof hdr); });
-    wire_bytes_ += sizeof hdr * (Pz - 1);
+    // 6. Announce: how many sums lie above the cut's level and how many at it (or the fault mark
+    // of a rejected split block). Every rank sees the same bytes, so every rank reaches the same
+    // verdict and the same counts: rank q's block holds its sums above the level and its share of
+    // the allowance at the level (allotted in rank order).
+    oktopk_message::announcement ann = mark;
+    std::size_t at_level = 0;
+    if (mark.status == 0) {
+      for (const std::uint32_t key : keys) {
+        if (key == 0) continue;
+        const std::uint32_t lv = oktopk_cut::level_of(key);
+        ann.above += lv > cut.level;
+        at_level += lv == cut.level;
+      }
+      ann.at_cut = static_cast<std::uint32_t>(std::min<std::uint64_t>({at_level, cut.allowance, std::numeric_limits<std::uint32_t>::max()}));
+    }
+    staged(reinterpret_cast<const std::uint8_t*>(&ann), sizeof ann, reinterpret_cast<std::uint8_t*>(anns_.data()), sizeof ann * Pz,
+           [&](const std::uint8_t* sd, std::uint8_t* rd) { t.all_gather(sd, rd, sizeof ann); });
+    wire_bytes_ += sizeof ann * (Pz - 1);
     ++collectives_;
     for (std::size_t q = 0; q < Pz; ++q)
-      if (hdrs_[q].status != 0) {
-        const auto f = static_cast<sparse_message::fault_code>(hdrs_[q].status);
+      if (anns_[q].status != 0) {
+        const auto f = static_cast<sparse_message::fault_code>(anns_[q].status);
         std::string what = fmt::format("Sparsifier<OkTopK>: in the split-and-reduce, rank {} rejected the block rank {} sent for its region (its {})",
-                                       hdrs_[q].reporter, hdrs_[q].source, sparse_message::parameter_of(f));
+                                       anns_[q].reporter, anns_[q].source, sparse_message::parameter_of(f));
         if (q == mez) what += ": " + oktopk_message::describe(own, own_announced, lo(mez), hi(mez));
         else what += "; every rank stops this exchange.";
         throw parse_error(sparse_message::parameter_of(f), what, fix_text());
       }
     std::size_t gtotal = 0, gentries = 0;
+    std::uint64_t my_take = 0;
+    oktopk_cut::allotter allot(cut);
     for (std::size_t q = 0; q < Pz; ++q) {
       const std::uint64_t room = hi(q) - lo(q);
-      if (hdrs_[q].count > room)
+      if (anns_[q].above > room || anns_[q].at_cut > room - anns_[q].above)
         throw parse_error("count",
-                          fmt::format("Sparsifier<OkTopK>: rank {} announced {} result entries for its region [{}, {}), which holds {}.", q,
-                                      hdrs_[q].count, lo(q), hi(q), room),
+                          fmt::format("Sparsifier<OkTopK>: rank {} announced {} + {} result entries for its region [{}, {}), which holds {}.", q,
+                                      anns_[q].above, anns_[q].at_cut, lo(q), hi(q), room),
                           fix_text());
-      gbytes_[q] = oktopk_message::block_bytes(hdrs_[q].count, sizeof(I), sizeof(W));
+      const std::uint64_t take = allot.next(anns_[q].at_cut);
+      if (q == mez) my_take = take;
+      gcount_[q] = anns_[q].above + take;
+      gbytes_[q] = oktopk_message::block_bytes(gcount_[q], sizeof(I), sizeof(W));
       gtotal += gbytes_[q];
-      gentries += static_cast<std::size_t>(hdrs_[q].count);  // at most n: each count fits its region
+      gentries += static_cast<std::size_t>(gcount_[q]);  // at most n: each count fits its region
     }
+
+    // 7. Keep what this rank's block holds: every sum above the level and, at the level, its
+    // my_take largest (equal magnitudes: lower index first). Encoded in the wire type; the
+    // rounding error of a kept entry stays with this rank (applied below if the entry is applied).
+    const bool whole_level = my_take >= at_level;
+    std::uint32_t tie_key = std::numeric_limits<std::uint32_t>::max();  // my_take == 0: none of the level (every key lies below)
+    std::uint64_t ties = 0;  // at the level: every key above tie_key, and the first `ties` equal to it
+    if (!whole_level && my_take > 0) {
+      std::vector<std::uint32_t>& lk = level_keys_;
+      lk.clear();
+      for (const std::uint32_t key : keys)
+        if (key != 0 && oktopk_cut::level_of(key) == cut.level) lk.push_back(key);
+      std::nth_element(lk.begin(), lk.begin() + static_cast<std::ptrdiff_t>(my_take - 1), lk.end(), std::greater<std::uint32_t>());
+      tie_key = lk[static_cast<std::size_t>(my_take - 1)];
+      std::uint64_t greater = 0;
+      for (const std::uint32_t key : lk) greater += key > tie_key;
+      ties = my_take - greater;
+    }
+    for (std::size_t j = 0; j < red_.size() && mark.status == 0; ++j) {
+      const std::uint32_t key = keys[j];
+      if (key == 0) continue;
+      const std::uint32_t lv = oktopk_cut::level_of(key);
+      if (lv < cut.level) continue;
+      if (lv == cut.level && !whole_level) {
+        if (key < tie_key) continue;
+        if (key == tie_key) {
+          if (ties == 0) continue;
+          --ties;
+        }
+      }
+      const float s = red_[j].second;
+      const W w = kernels::wire_cast<W>(kernels::sanitize(s));
+      const float d = kernels::to_float(w);
+      L.kept.push_back(static_cast<I>(red_[j].first));
+      kept_val_.push_back(w);
+      kept_err_.push_back((std::isfinite(s) && std::isfinite(d)) ? s - d : 0.0f);
+    }
+    if (L.kept.size() != gcount_[mez])
+      throw parse_error("count", fmt::format("Sparsifier<OkTopK>: this rank kept {} result entries where its announcement gave {}.", L.kept.size(), gcount_[mez]),
+                        fix_text());
+
+    // 8. The all_gatherv of the blocks; every rank checks every block. The result F is their
+    // union (increasing indices, regions in rank order), the same on every rank.
     // size_buffers covers ranks with this rank's settings (min(n, P c) entries); a peer with others
     // (a larger density or capacity) can announce up to n, checked above: grow once, never overrun.
-    if (hkeys_.size() < gentries) hkeys_.resize(gentries);
     if constexpr (!on_host) {
       grow(L.dresult, gentries);
       grow(dresult_val_, gentries);
@@ -193,10 +280,10 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
     wire_bytes_ += send_buf_.size() * (Pz - 1);
     ++collectives_;
     sc.lap(trace_kind::collective, 0, *cx_->iteration, gtotal);
-    F_idx.resize(gentries);  // regions in rank order: increasing indices
+    F_idx.resize(gentries);
     F_val.resize(gentries);
-    for (std::size_t q = 0, at = 0, e = 0; q < Pz; at += gbytes_[q], e += static_cast<std::size_t>(hdrs_[q].count), ++q) {
-      const auto c = static_cast<std::size_t>(hdrs_[q].count);
+    for (std::size_t q = 0, at = 0, e = 0; q < Pz; at += gbytes_[q], e += static_cast<std::size_t>(gcount_[q]), ++q) {
+      const auto c = static_cast<std::size_t>(gcount_[q]);
       const auto r = oktopk_message::check_block(recv_buf_.data() + at, gbytes_[q], c, lo(q), hi(q), F_idx.data() + e, F_val.data() + e,
                                                  [](const unsigned char* m, std::size_t kk, std::uint64_t l, std::uint64_t h, I* i, W* v) {
                                                    return kernels::unpack_checked(m, kk, l, h, i, v);
@@ -207,46 +294,21 @@ void oktopk_engine<Ctx, Density>::run(std::size_t u, std::size_t off, std::size_
                                       oktopk_message::describe(r, c, lo(q), hi(q))),
                           fix_text());
     }
-
-    // 7. The global selection: on exact iterations the k largest |value| (ties: lower index) of
-    // everything gathered, and the new global threshold; else all of it, and the threshold adapts.
-    if (gexact) {
-      ++reest_.global;
-      if (F_idx.size() > k) {
-        std::vector<float>& v = mag_;
-        v.resize(F_val.size());
-        for (std::size_t j = 0; j < v.size(); ++j) v[j] = kernels::to_float(F_val[j]);
-        pick_.resize(k);
-        // scratch: hkeys_ holds as many keys as the result has entries (size_buffers, grown above)
-        const std::size_t m = kernels::select_topk(v.data(), v.size(), k, 0, pick_.data(), hkeys_.data());
-        for (std::size_t j = 0; j < m; ++j) {
-          F_idx[j] = F_idx[static_cast<std::size_t>(pick_[j])];
-          F_val[j] = F_val[static_cast<std::size_t>(pick_[j])];
-        }
-        F_idx.resize(m);
-        F_val.resize(m);
-      }
-      float tmin = std::numeric_limits<float>::infinity();
-      for (const W& w : F_val) tmin = std::min(tmin, std::fabs(kernels::to_float(w)));
-      us.global_thr = (!F_val.empty() && std::isfinite(tmin) && tmin > 0.0f) ? tmin : -1.0f;
-    } else if (3 * F_idx.size() > 4 * k) {
-      // Over 4k/3 entries passed a stale threshold (residuals grow between re-estimations): the
-      // k-th largest |value| of the result, which every rank now holds, is the threshold the next
-      // iteration needs. No pass over the pool, no message, the same on every rank.
-      std::vector<float>& mag = mag_;
-      mag.resize(F_val.size());
-      for (std::size_t j = 0; j < mag.size(); ++j) mag[j] = std::fabs(kernels::to_float(F_val[j]));
-      std::nth_element(mag.begin(), mag.begin() + static_cast<std::ptrdiff_t>(k - 1), mag.end(), std::greater<float>());
-      us.global_thr = mag[k - 1];
-    } else if (3 * F_idx.size() < 2 * k) {
-      us.global_thr /= static_cast<float>(params_.global_adapt);
+    // The next window's centre: the cut's level; with every sum kept, the smallest kept
+    // magnitude's (the same on every rank: every rank holds F).
+    if (!cut.keep_all) {
+      us.global_thr = std::bit_cast<float>(oktopk_cut::level_floor(std::min(cut.level, oktopk_cut::finite_levels - 1)));
+    } else if (!F_val.empty()) {
+      std::uint32_t m = std::numeric_limits<std::uint32_t>::max();
+      for (const W& w : F_val) m = std::min(m, kernels::magnitude_key(kernels::to_float(w)));
+      us.global_thr = std::bit_cast<float>(oktopk_cut::level_floor(std::min(oktopk_cut::level_of(m), oktopk_cut::finite_levels - 1)));
     }
   } catch (...) {
     kern.restore_unselected(residual_.data(), sel_space, mine_space, cnt, static_cast<const I*>(nullptr), 0, unscale_);
     throw;
   }
 
-  // 8. Apply and keep what was not applied. The result: F's values (averaged with an fp32 wire).
+  // 9. Apply and keep what was not applied. The result: F's values (averaged with an fp32 wire).
   // Residuals: a rank's own selected entries whose index is not in F go back to it whole (the
   // contributors keep their own contributions, also of regions they do not own); the owner of an
   // applied entry keeps the rounding of its 16-bit re-encoding.

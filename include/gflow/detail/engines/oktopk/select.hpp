@@ -34,7 +34,12 @@ std::size_t oktopk_engine<Ctx, Density>::select(unit_state& us, std::size_t off,
     cand_keys_.resize(ccap);
     const std::size_t c = kern.accumulate_gather_above(g, res, n, tk, off, space(cand_pos_, dcand_pos_), space(cand_keys_, dcand_keys_), ccap);
     if (c <= ccap) from_space(cand_pos_, dcand_pos_, c);
-    if (c <= cap) {  // the usual case: no keys needed (the threshold adapts, it is not re-estimated)
+    if (2 * c < k) {  // the threshold is far too high (the gradients shrank): exact top-k of the G already in the residual
+      cnt = kern.select_topk(res, n, k, off, dsel, ws_);
+      on_device_list = true;
+      ++reest_.second_pass;
+      exact = true;
+    } else if (c <= cap) {  // the usual case: no keys needed (the threshold adapts, it is not re-estimated)
       cnt = c;
       for (std::size_t j = 0; j < c; ++j) idx[j] = static_cast<I>(cand_pos_[j]);
     } else if (c <= ccap) {  // the threshold is too low: the exact top-k among the candidates
@@ -87,11 +92,10 @@ template <class Ctx, double Density>
 void oktopk_engine<Ctx, Density>::size_buffers() {
   const double dmax = schedule_.max();
   const std::size_t P = static_cast<std::size_t>(cx_->transport->size());
-  std::size_t kmax = 0, cmax = 0, recv = 0, res = 0, sel_total = 0, res_total = 0, nmax = 0;
+  std::size_t cmax = 0, recv = 0, res = 0, sel_total = 0, res_total = 0, nmax = 0;
   auto unit = [&](std::size_t n) {
     const std::size_t k = plan::k_for(dmax, n), c = cap_for(k);
     nmax = std::max(nmax, n);
-    kmax = std::max(kmax, k);
     cmax = std::max(cmax, c);
     recv = std::max(recv, P * c);
     res = std::max(res, std::min(n, P * c));
@@ -113,7 +117,7 @@ void oktopk_engine<Ctx, Density>::size_buffers() {
   cand_pos_.reserve(4 * cmax);
   cand_keys_.reserve(4 * cmax);
   if (sel_keys_.size() < 4 * cmax) sel_keys_.assign(4 * cmax, 0);
-  if (hkeys_.size() < std::max(4 * cmax, res)) hkeys_.assign(std::max(4 * cmax, res), 0);  // the candidates' and the global top-k's radix scratch
+  if (hkeys_.size() < 4 * cmax) hkeys_.assign(4 * cmax, 0);  // the candidates' radix scratch
   fix_err_.reserve(res);
   mine_val_.reserve(cmax);
   recv_val_.reserve(recv);
@@ -122,8 +126,8 @@ void oktopk_engine<Ctx, Density>::size_buffers() {
   kept_err_.reserve(res);
   result_val_.reserve(res);
   decoded_.reserve(res);
-  mag_.reserve(res);
-  pick_.reserve(kmax);
+  red_keys_.reserve(res);
+  level_keys_.reserve(res);
   const std::size_t msg = P * sparse_message::header_bytes + recv * (this->index_bytes() + sizeof(W));
   send_buf_.reserve(msg);
   recv_buf_.reserve(msg);
@@ -137,7 +141,8 @@ void oktopk_engine<Ctx, Density>::size_buffers() {
   sbytes_.assign(P, 0);
   rbytes_.assign(P, 0);
   gbytes_.assign(P, 0);
-  hdrs_.assign(P, sparse_message::header{});
+  anns_.assign(P, oktopk_message::announcement{});
+  gcount_.assign(P, 0);
   constexpr std::uint64_t packed_max = std::uint64_t{1} << 32;  // reduce.hpp's one-word entries: offsets and positions below 2^32
   rr_.reserve(recv, nmax > packed_max || recv > packed_max);
   if constexpr (!on_host) {  // the device copies, and the staging buffer of the collectives
