@@ -26,6 +26,11 @@
 # Collectives: SMPI's implementations of Open MPI's algorithms, chosen by Open MPI's own decision
 # rules (smpi/coll-selector:ompi), as the netem runs on Open MPI choose them (SMPI's default
 # selector made ResNet-20's dense exchange at 4 ranks on 1gbe 2.5x slower: 49.6 ms against 19.4).
+# One exception: where those rules pick the pairwise all_to_allv (P < 4, 64 <= P < 128,
+# 256 <= P < 1024), SMPI 3.32's version of it refuses a P that is not a power of two (it aborts:
+# "alltoallv pair algorithm can't be used with non power of two number of processes"); for such
+# P the script selects SMPI's ring all_to_allv, which is Open MPI's pairwise exchange (step s:
+# send to rank + s, receive from rank - s) for any P.
 #
 # Platforms (bench/platforms/, hosts named node-0 .. node-N-1, one rank per host, rank r on node-r):
 #   1gbe           the gTop-k paper's cluster: nodes on one 1 Gbit/s switch (non-blocking), 50 us links
@@ -138,6 +143,9 @@ if [[ -n "$cores" ]] && ((P > cores)); then slowdown="$(awk -v p="$P" -v c="$cor
 cfg=(--cfg=smpi/host-speed:"${slowdown}Gf" --cfg=smpi/coll-selector:ompi
      --log=root.thres:warning --log=smpi_coll.thres:warning --log=xbt_cfg.thres:warning --log=smpi_config.thres:warning)
 [[ "$local_work" == none ]] && cfg+=(--cfg=smpi/simulate-computation:no)
+if (((P & (P - 1)) != 0 && (P < 4 || (P >= 64 && P < 128) || (P >= 256 && P < 1024)))); then
+  cfg+=(--cfg=smpi/alltoallv:ring)  # Open MPI's pairwise where SMPI's refuses this P (header)
+fi
 ((fold > 0)) && cfg+=(--cfg=smpi/auto-shared-malloc-thresh:"$fold" --cfg=smpi/shared-malloc:global)
 echo "bench/simulate.sh: $P simulated ranks on $name, local work: $local_work (x$slowdown), folded above: ${fold} B" >&2
 tag="\"simulated\":true,\"platform\":\"$name\",\"local_work\":\"$local_work\",\"host_slowdown\":$slowdown,\"folded_above_bytes\":$fold,"
