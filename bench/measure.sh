@@ -42,7 +42,8 @@
 #             (its rows of sim.jsonl); docs/sim_scale.png
 #   simscale  simulated clusters (bench/simulate.sh): sparse (d = 0.001, 0.01) and exchange
 #             --topology all at P = 8 .. 64 on resnet20; sparse on resnet50 at 8 and 16; on 1gbe, 10gbe and
-#             gpu-nodes (its rows of sim.jsonl); docs/sim_scale.png
+#             gpu-nodes; the network alone (--local-work none) on 10gbe and 1gbe, resnet20 to 128
+#             ranks, resnet50 at 8 and 16 (its rows of sim.jsonl); docs/sim_scale.png
 # Run it alone on the machine: a compile or a test beside it makes the numbers worthless.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -79,11 +80,12 @@ simkeep() {  # simkeep GREP-ARGS...: keep only the rows of sim.jsonl that grep s
   grep "$@" "$simfile" > "$simfile.tmp" || true
   mv "$simfile.tmp" "$simfile"
 }
-simrun() {  # simrun P PLATFORM ARGS...: one bench/simulate.sh run, appended to sim.jsonl
-  local p="$1" pf="$2"; shift 2
-  printf '[%s] bench/simulate.sh run %s --platform %s -- %s >> %s\n' "$(date +%T)" "$p" "$pf" "$*" "${simfile#$root/}" >&2
-  "$root/bench/simulate.sh" run "$p" --platform "$pf" -- "$@" >> "$simfile" ||
-    printf 'FAILED (exit %s): bench/simulate.sh run %s --platform %s -- %s\n' "$?" "$p" "$pf" "$*" >&2
+simrun() {  # simrun P PLATFORM [--local-work none] ARGS...: one bench/simulate.sh run, appended to sim.jsonl
+  local p="$1" pf="$2" lw=host; shift 2
+  [[ "${1:-}" == "--local-work" ]] && { lw="$2"; shift 2; }
+  printf '[%s] bench/simulate.sh run %s --platform %s --local-work %s -- %s >> %s\n' "$(date +%T)" "$p" "$pf" "$lw" "$*" "${simfile#$root/}" >&2
+  "$root/bench/simulate.sh" run "$p" --platform "$pf" --local-work "$lw" -- "$@" >> "$simfile" ||
+    printf 'FAILED (exit %s): bench/simulate.sh run %s --platform %s --local-work %s -- %s\n' "$?" "$p" "$pf" "$lw" "$*" >&2
 }
 for s in "${sections[@]}"; do
   case "$s" in
@@ -105,6 +107,12 @@ for s in "${sections[@]}"; do
         # every simulated rank's buffers are real memory: about 0.6 GB a rank for the sparse suite
         # (exchange --topology all on resnet50 did not finish in 8 minutes at 8 ranks: left out)
         for p in 8 16; do simrun "$p" "$pf" sparse --layout resnet50 --density 0.001,0.01 --iters 7 --warmup 3; done
+      done
+      # the network alone (no local work charged): to 128 ranks on ResNet-20 (128: 4 minutes on
+      # 10gbe, 14 on 1gbe: SimGrid's handling of the linear all_to_allv), 16 on ResNet-50
+      for pf in 10gbe 1gbe; do
+        for p in 8 16 32 64 128; do simrun "$p" "$pf" --local-work none sparse --layout resnet20 --density 0.001,0.01 --iters 7 --warmup 3; done
+        for p in 8 16; do simrun "$p" "$pf" --local-work none sparse --layout resnet50 --density 0.001,0.01 --iters 7 --warmup 3; done
       done
       plot sim "$simfile" -o "$root/docs/sim_scale.png" ;;
     exchange)

@@ -44,7 +44,8 @@ TOPO = ("gflow", "gflow_hierarchical2", "gflow_hierarchical4", "gflow_hierarchic
 
 
 def _scale(rows):
-    """(layout, platform, series) -> {P: median ms}; series is 'variant d' for the sparse suite, the variant for exchange."""
+    """(layout, platform, series) -> {P: median ms}; series is 'variant d' for the sparse suite, the variant for exchange;
+    runs without local work (--local-work none) are their own platform, "<platform>, network alone"."""
     t = defaultdict(dict)
     for r in rows:
         if not r.get("simulated") or "source" in r or "median_s" not in r:
@@ -56,7 +57,8 @@ def _scale(rows):
             s = "topo " + s
         else:
             continue
-        t[(r["layout"], r["platform"], s)][r["ranks"]] = 1e3 * r["median_s"]
+        pf = r["platform"] if r.get("local_work", "host") == "host" else r["platform"] + ", network alone"  # --local-work none
+        t[(r["layout"], pf, s)][r["ranks"]] = 1e3 * r["median_s"]
     return t
 
 
@@ -97,7 +99,8 @@ def sim_report(rows, out=None):
     for layout, pf in panels:
         series = sorted(s for (l, p, s) in t if (l, p) == (layout, pf))
         Ps = sorted({P for s in series for P in t[(layout, pf, s)]})
-        print(f"{layout} on {pf} (median ms per iteration; this host's local work, one core per rank)")
+        how = "--local-work none: no local work charged" if pf.endswith("network alone") else "this host's local work, one core per rank"
+        print(f"{layout} on {pf} (median ms per iteration; {how})")
         print("| series | " + " | ".join(f"P={P}" for P in Ps) + " |")
         print("|---|" + "---:|" * len(Ps))
         for s in series:
