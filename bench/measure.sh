@@ -42,8 +42,8 @@
 #             (its rows of sim.jsonl); docs/sim_scale.png
 #   simscale  simulated clusters (bench/simulate.sh): sparse (d = 0.001, 0.01) and exchange
 #             --topology all at P = 8 .. 64 on resnet20; sparse on resnet50 at 8 and 16; on 1gbe, 10gbe and
-#             gpu-nodes; the network alone (--local-work none) on 10gbe and 1gbe, resnet20 to 128
-#             ranks, resnet50 at 8 and 16 (its rows of sim.jsonl); docs/sim_scale.png
+#             gpu-nodes; the network alone (--local-work none) on 10gbe and 1gbe, resnet20 to 256
+#             ranks (512 on 10gbe), resnet50 at 8 and 16 (its rows of sim.jsonl); docs/sim_scale.png
 # Run it alone on the machine: a compile or a test beside it makes the numbers worthless.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -108,10 +108,11 @@ for s in "${sections[@]}"; do
         # (exchange --topology all on resnet50 did not finish in 8 minutes at 8 ranks: left out)
         for p in 8 16; do simrun "$p" "$pf" sparse --layout resnet50 --density 0.001,0.01 --iters 7 --warmup 3; done
       done
-      # the network alone (no local work charged): to 128 ranks on ResNet-20 (128: 4 minutes on
-      # 10gbe, 14 on 1gbe: SimGrid's handling of the linear all_to_allv), 16 on ResNet-50
+      # the network alone (no local work charged): to 256 ranks on ResNet-20, 512 on 10gbe (128: 4
+      # minutes on 10gbe, 14 on 1gbe: SimGrid's handling of the linear all_to_allv), 16 on ResNet-50
       for pf in 10gbe 1gbe; do
-        for p in 8 16 32 64 128; do simrun "$p" "$pf" --local-work none sparse --layout resnet20 --density 0.001,0.01 --iters 7 --warmup 3; done
+        for p in 8 16 32 64 128 256; do simrun "$p" "$pf" --local-work none sparse --layout resnet20 --density 0.001,0.01 --iters 7 --warmup 3; done
+        [[ "$pf" == 10gbe ]] && simrun 512 "$pf" --local-work none sparse --layout resnet20 --density 0.001,0.01 --iters 7 --warmup 3  # 9 minutes, 15.7 GB
         for p in 8 16; do simrun "$p" "$pf" --local-work none sparse --layout resnet50 --density 0.001,0.01 --iters 7 --warmup 3; done
       done
       plot sim "$simfile" -o "$root/docs/sim_scale.png" ;;
