@@ -33,16 +33,18 @@ std::size_t oktopk_engine<Ctx, Density>::select(unit_state& us, std::size_t off,
     cand_pos_.resize(ccap);
     cand_keys_.resize(ccap);
     const std::size_t c = kern.accumulate_gather_above(g, res, n, tk, off, space(cand_pos_, dcand_pos_), space(cand_keys_, dcand_keys_), ccap);
-    if (c <= ccap) from_space(cand_pos_, dcand_pos_, c);
-    if (2 * c < k) {  // the threshold is far too high (the gradients shrank): exact top-k of the G already in the residual
+    if (2 * c < k || c > ccap) {  // the threshold is far too high (under k/2: the gradients shrank) or far too
+                                  // low (over 4 x capacity): exact top-k of the G already in the residual
       cnt = kern.select_topk(res, n, k, off, dsel, ws_);
       on_device_list = true;
       ++reest_.second_pass;
       exact = true;
     } else if (c <= cap) {  // the usual case: no keys needed (the threshold adapts, it is not re-estimated)
+      from_space(cand_pos_, dcand_pos_, c);
       cnt = c;
       for (std::size_t j = 0; j < c; ++j) idx[j] = static_cast<I>(cand_pos_[j]);
-    } else if (c <= ccap) {  // the threshold is too low: the exact top-k among the candidates
+    } else {  // the threshold is too low: the exact top-k among the candidates
+      from_space(cand_pos_, dcand_pos_, c);
       from_space(cand_keys_, dcand_keys_, c);
       const kernels::threshold t = kernels::radix_threshold_keys(cand_keys_.data(), c, k, hkeys_.data());
       std::size_t take = t.take, m = 0;
@@ -55,11 +57,6 @@ std::size_t oktopk_engine<Ctx, Density>::select(unit_state& us, std::size_t off,
         }
       }
       cnt = m;
-      exact = true;
-    } else {  // far too low (over 4 x capacity): exact top-k of the G already in the residual
-      cnt = kern.select_topk(res, n, k, off, dsel, ws_);
-      on_device_list = true;
-      ++reest_.second_pass;
       exact = true;
     }
   } else {
