@@ -2,10 +2,10 @@
 """Draws bench/run JSON lines as PNG plots for docs/.
 
   python3 bench/plot.py table RESULTS.jsonl...
-      a markdown table per (layout, ranks, wire): variant, threshold, collectives, median/p10/p90,
-      and gflow's ratio to the hand-written bucketed MPI at the same threshold.
+      a markdown table per (layout, ranks, wire, run): variant, threshold, collectives,
+      median/p10/p90, and gflow's ratio to the hand-written bucketed MPI at the same threshold.
   python3 bench/plot.py sparse RESULTS.jsonl...
-      a markdown table per (layout, ranks, transport): dense / TopK / GTopK / CSC rows.
+      a markdown table per (layout, ranks, transport, run): dense / TopK / GTopK / CSC rows.
   python3 bench/plot.py kernels RESULTS.jsonl... [-o docs/kernels.png]
       a markdown table per layout of the host kernels against the same-run copy (and a bar chart
       of their bandwidth relative to the copy with -o).
@@ -18,7 +18,7 @@
   python3 bench/plot.py autotune RESULTS.jsonl... [-o docs/autotune.png]
       overlap --autotune rows: a markdown table of the sweep against the auto-tuned threshold.
   python3 bench/plot.py tuner RESULTS.jsonl...
-      overlap --autotune rows, one line per file and compute ratio: auto / best fixed, the paired
+      overlap --autotune rows, one line per run and compute ratio: auto / best fixed, the paired
       ratio, the tuned plan, auto / the fixed run at that plan, the noise floor, re-tunes, where it
       settled, auto / 25 MiB and auto / 64 MiB (the table of docs/BENCHMARKS.md's auto-tuner section).
   python3 bench/plot.py model RESULTS.jsonl... [-o docs/cost_model.png]
@@ -34,6 +34,9 @@
   python3 bench/plot.py shard RESULTS.jsonl... [-o docs/sharding.png]
       exchange --shard and overlap --shard rows: the reduce-scatter (and with gather_shards) over the
       allreduce per network and run, and the hidden fraction with and without sharding.
+Every kind but trace takes --run K: only the rows of run K. The N runs of one configuration are
+one file (bench/measure.sh --repeats N), each row beginning {"run":K, ; without --run every run
+is read, and the tables above keep the runs apart (one table, or one line, per run).
 Needs matplotlib (pip install matplotlib).
 """
 import argparse
@@ -42,7 +45,7 @@ import sys
 from collections import defaultdict
 
 from plot_autotune import autotune_table, tuner_runs  # noqa: E402 (the auto-tuner's kinds)
-from plot_common import hidden_fractions, load
+from plot_common import hidden_fractions, load, run_of
 from plot_shard import shard_report
 from plot_sim import sim_report
 
@@ -88,14 +91,19 @@ def sweep(rows, out):
     print(f"wrote {out}", file=sys.stderr)
 
 
+def of_run(key):
+    """The ", run K" of a table's heading, for the rows of run K of a file that holds several."""
+    return f", run {key[-1]}" if key[-1] else ""
+
+
 def table(rows):
     groups = defaultdict(list)
     for r in rows:
-        groups[(r["layout"], r["ranks"], r["wire"])].append(r)
+        groups[(r["layout"], r["ranks"], r["wire"], r.get("run") or 0)].append(r)
     for key in sorted(groups):
         rs = groups[key]
         bucketed = {r["threshold_bytes"]: r["median_s"] for r in rs if r["variant"] == "mpi_bucketed"}
-        print(f"\n**{key[0]}, {key[1]} ranks, {key[2]} wire**\n")
+        print(f"\n**{key[0]}, {key[1]} ranks, {key[2]} wire{of_run(key)}**\n")
         print("| variant | threshold (B) | collectives | median (ms) | p10 (ms) | p90 (ms) | gflow / bucketed |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rs:
@@ -110,11 +118,11 @@ def sparse_table(rows):
     groups = defaultdict(list)
     for r in rows:
         if r.get("suite") == "sparse":
-            groups[(r["layout"], r["ranks"], r.get("transport", "mpi"))].append(r)
+            groups[(r["layout"], r["ranks"], r.get("transport", "mpi"), r.get("run") or 0)].append(r)
     for key in sorted(groups):
         rs = groups[key]
         dense = next((r["median_s"] for r in rs if r["variant"] == "dense"), None)
-        print(f"\n**{key[0]}, {key[1]} ranks ({key[2]})**\n")
+        print(f"\n**{key[0]}, {key[1]} ranks ({key[2]}){of_run(key)}**\n")
         print("| variant | density | median (ms) | p10–p90 (ms) | select (ms) | comm, derived (ms) | bytes/rank | vs dense |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rs:
@@ -285,10 +293,10 @@ def loops_report(rows, out=None):
     base = {}
     for r in rows:
         if r.get("suite") == "exchange" and r.get("variant") == "gflow":
-            base[(r["layout"], r["ranks"], r.get("_file"))] = r["median_s"]
+            base[(r["layout"], r["ranks"], run_of(r))] = r["median_s"]
     for r in rows:
         if r.get("suite") == "exchange" and r.get("variant", "").startswith(("gflow_find_unused", "gflow_uneven_inputs", "gflow_learn_order")):
-            b = base.get((r["layout"], r["ranks"], r.get("_file")))
+            b = base.get((r["layout"], r["ranks"], run_of(r)))
             if b:
                 cost[(r["layout"], r["ranks"], r["variant"])].append(r["median_s"] / b)
     if cost:
@@ -326,6 +334,7 @@ def main():
     ap.add_argument("inputs", nargs="+")
     ap.add_argument("-o", "--output")
     ap.add_argument("--iteration", type=int)
+    ap.add_argument("--run", type=int, help="only the rows of run K (a file of several runs)")
     a = ap.parse_args()
     if a.kind == "trace":
         if not a.output:
@@ -333,9 +342,9 @@ def main():
         trace_plot(a.inputs[0], a.iteration, a.output)
         return
     if a.kind == "tuner":
-        tuner_runs(a.inputs)
+        tuner_runs(a.inputs, a.run)
         return
-    rows = load(a.inputs)
+    rows = load(a.inputs, a.run)
     if not rows:
         sys.exit("plot.py: no JSON rows in the inputs")
     if a.kind == "table":

@@ -3,7 +3,7 @@
 every file in bench/ under 450 lines."""
 from collections import defaultdict
 
-from plot_common import load
+from plot_common import load, run_of, run_name
 
 def fixed_and_tuned(rs):
     """The fixed-threshold rows of one configuration, its last auto-tuned row and the fastest fixed
@@ -56,12 +56,16 @@ def autotune_table(rows, out=None):
         autotune_plot(groups, out)
 
 
-def tuner_runs(paths):
-    """One line per file and compute ratio of overlap --autotune rows (the files' last autotuned row)."""
+def tuner_runs(paths, run=None):
+    """One line per run and compute ratio of overlap --autotune rows (the run's last autotuned row);
+    a run is a file, or run K of a file that holds several (named <file>_rK)."""
     print("| file | ratio | auto / best | paired | tuned plan | auto / fixed at that plan | noise floor | retunes | settled at | auto / 25 MiB | auto / 64 MiB |")
     print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for f in paths:
-        rows = [r for r in load([f]) if r.get("suite") == "overlap" and r.get("variant") in ("fixed", "autotuned")]
+    runs = defaultdict(list)  # (file, run) -> rows, in the order of the files and their runs
+    for r in load(paths, run):
+        if r.get("suite") == "overlap" and r.get("variant") in ("fixed", "autotuned"):
+            runs[run_of(r)].append(r)
+    for (f, k), rows in runs.items():
         for ratio in sorted({r["compute_ratio"] for r in rows}):
             rs = [r for r in rows if r["compute_ratio"] == ratio]
             split = fixed_and_tuned(rs)
@@ -79,7 +83,7 @@ def tuner_runs(paths):
             if sw:
                 plan += ", all ring" if sw == 1 else ", all hier." if sw >= (1 << 63) else ", switch %d KiB" % (sw >> 10)
             print("| %s | %.1f | %.3f | %s | %s | %s | %s | %d | %d | %.3f | %.3f |" % (
-                f.rsplit("/", 1)[-1].replace(".jsonl", ""), ratio, a["iteration_s"] / best["iteration_s"],
+                run_name(f, k), ratio, a["iteration_s"] / best["iteration_s"],
                 "%.3f" % a["paired_ratio_vs_best"] if "paired_ratio_vs_best" in a else "—", plan,
                 "%.3f" % (a["iteration_s"] / same[0]["iteration_s"]) if same else "—",
                 "%.3f" % a["repeat_ratio"] if "repeat_ratio" in a else "—", a["retunes"], a["settled_at"],
