@@ -2,17 +2,20 @@
 # Re-measures the tables of docs/BENCHMARKS.md: each section rewrites exactly the raw files under
 # docs/results/ that its tables are read from (JSON lines on stdout -> NAME.jsonl, the bench's
 # table and log on stderr -> NAME.log), and redraws the section's plot.
-#   bench/measure.sh SECTION... [--repeats N]      (N runs of every configuration, files _r1.._rN)
+#   bench/measure.sh SECTION... [--repeats N]      (N runs of every configuration)
+# The N runs of one configuration share its NAME.jsonl: run K's rows begin {"run":K, (in run
+# order; a new run K replaces the rows of an earlier run K, the other runs' rows stay), and its log
+# is NAME.log's section "==> run K <==". bench/plot.py --run K reads one run.
 # Sections:
 #   exchange  gflow (timed transport) and gflow_untimed against hand-written MPI: resnet50 at 2 ranks
 #             (21 iterations) and 4 (15, and 201), resnet20 at 2 (15, and 10 + 200) and 4 (301),
-#             gpt2_small at 2 and 4 (15) (ex_<layout>_<P>[_long]_rK.jsonl)
+#             gpt2_small at 2 and 4 (15) (ex_<layout>_<P>[_long].jsonl)
 #   wire      fp16 and bf16 wire against the fp32 exchanger in the same run: resnet50, 4 ranks,
-#             41 iterations (ex_resnet50_4_<wire>_rK.jsonl)
+#             41 iterations (ex_resnet50_4_<wire>.jsonl)
 #   kernels   every host kernel against a same-run copy (kernels.jsonl, docs/kernels.png)
 #   sparse    dense / TopK / GTopK / CSC: resnet50, alexnet, gpt2_small at 2, 4, 8 MPI ranks and
 #             2, 4 in-process ranks, resnet50 at 8 in-process ranks (sp_*.jsonl); then N runs of
-#             resnet50 at d = 0.01 on 2 and 4 MPI ranks (sp_resnet50_mpi_<P>_d0.01_rK.jsonl)
+#             resnet50 at d = 0.01 on 2 and 4 MPI ranks (sp_resnet50_mpi_<P>_d0.01.jsonl)
 #   topology  Ring vs Hierarchical vs Hybrid on shared memory, resnet50, 4 and 8 ranks (topo_*.jsonl)
 #   sweep     the fusion threshold sweep, resnet50 and gpt2_small at 2 and 4 ranks (sweep_*.jsonl,
 #             docs/exchange_threshold_sweep.png)
@@ -21,7 +24,7 @@
 #   trace     the timeline's cost when on (gflow_traced / gflow, resnet20 and resnet50) and the
 #             ResNet-50 overlap trace on 4 ranks drawn into docs/timeline_resnet50_4.png
 #   model     the alpha-beta fit + local work and its error at P = 2, 4, 8 on shared memory
-#             (model_resnet50_<P>_rK.jsonl; docs/cost_model.png from model_resnet50_8_r1.jsonl)
+#             (model_resnet50_<P>.jsonl; docs/cost_model.png from run 1 of model_resnet50_8.jsonl)
 #   autotune  overlap --autotune, resnet50 and gpt2_small, 4 ranks, compute ratios 0.5, 1, 2, then
 #             resnet50 and resnet20 with --topology hybrid (the switch tuned too); docs/autotune.png
 #   loops     the training-loop options: overlap --learn-order on shared_late (a tensor ready late)
@@ -29,11 +32,11 @@
 #             on resnet50 (4 ranks) and resnet20 (2 ranks); docs/learn_order.png
 #   ddp       gflow against PyTorch over gloo on the same buckets (bench/ddp_gloo.sh): resnet50 at 2
 #             and 4 ranks, resnet20 at 2, N repeats alternating with bench/run exchange
-#             (ddp_<layout>_<P>/gflow_rK.jsonl, gloo_rK.jsonl, summary.txt)
+#             (ddp_<layout>_<P>/gflow.jsonl, gloo.jsonl, summary.txt)
 #   oktopk    (as root) OkTopK beside dense / TopK / GTopK on fresh gradients (--gradients fresh):
-#             resnet50 on 4 MPI ranks (shared memory, d = 0.001 and 0.01; sp_oktopk_resnet50_mpi_4_rK)
+#             resnet50 on 4 MPI ranks (shared memory, d = 0.001 and 0.01; sp_oktopk_resnet50_mpi_4)
 #             and on the emulated 1 Gbit/s network at 8 and 16 ranks (d = 0.001 and 0.01;
-#             net_sp_oktopk_resnet50_<P>_rK)
+#             net_sp_oktopk_resnet50_<P>)
 #   netem     (as root) the emulated 1 Gbit/s network of bench/netem.sh: sparse (resnet50, alexnet),
 #             exchange with the fp32 / fp16 / bf16 wire (resnet50), the model at P = 2, 4, 8 (net_*);
 #             then the two-speed network (1 Gbit/s between groups, 10 inside) for the topologies
@@ -70,6 +73,32 @@ netrun() {  # netrun NAME P ARGS...: one bench/netem.sh run on P ranks (the netw
   local f="$out/$1" p="$2"; shift 2
   printf '[%s] bench/netem.sh run %s -- %s > %s.jsonl\n' "$(date +%T)" "$p" "$*" "${f#$root/}" >&2
   "$root/bench/netem.sh" run "$p" -- "$@" > "$f.jsonl" 2> "$f.log"
+}
+addrun() {  # addrun K FILE: stdin's JSON rows as run K of FILE, replacing an earlier run K's rows
+  local k="$1" f="$2"
+  { if [[ -f "$f" ]]; then grep -v "^{\"run\":$k," "$f" || true; fi; sed "s/^{/{\"run\":$k,/"; } |
+    LC_ALL=C sort -s -t: -k2,2n > "$f.tmp"
+  mv "$f.tmp" "$f"
+}
+logrun() {  # logrun K FILE: FILE (a log) without its section of run K, then the header of run K
+  local k="$1" f="$2"
+  if [[ -f "$f" ]]; then
+    awk -v h="==> run $k <==" '/^==> run [0-9]+ <==$/ { skip = ($0 == h) } !skip' "$f" > "$f.tmp"
+    mv "$f.tmp" "$f"
+  fi
+  printf '==> run %s <==\n' "$k" >> "$f"
+}
+runk() {  # runk K NAME ARGS...: run K of one bench/run invocation into NAME.jsonl and NAME.log
+  local k="$1" f="$out/$2"; shift 2
+  printf '[%s] bench/run %s > %s.jsonl (run %s)\n' "$(date +%T)" "$*" "${f#$root/}" "$k" >&2
+  logrun "$k" "$f.log"
+  "$root/bench/run" "$@" 2>> "$f.log" | addrun "$k" "$f.jsonl"
+}
+netrunk() {  # netrunk K NAME P ARGS...: run K of one bench/netem.sh run on P ranks (the network must be up)
+  local k="$1" f="$out/$2" p="$3"; shift 3
+  printf '[%s] bench/netem.sh run %s -- %s > %s.jsonl (run %s)\n' "$(date +%T)" "$p" "$*" "${f#$root/}" "$k" >&2
+  logrun "$k" "$f.log"
+  "$root/bench/netem.sh" run "$p" -- "$@" 2>> "$f.log" | addrun "$k" "$f.jsonl"
 }
 # Section 10 keeps every simulated row in one file, docs/results/sim.jsonl: the validation's rows
 # begin {"run":N,"source":...}, the model's carry "suite":"model", the scale runs are the rest. Each
@@ -118,13 +147,13 @@ for s in "${sections[@]}"; do
       plot sim "$simfile" -o "$root/docs/sim_scale.png" ;;
     exchange)
       for r in $(seq 1 "$repeats"); do  # repeats interleaved across configurations
-        run "ex_resnet50_2_r$r" exchange --layout resnet50 --ranks 2 --iters 21
-        run "ex_resnet50_4_r$r" exchange --layout resnet50 --ranks 4
-        run "ex_resnet50_4_long_r$r" exchange --layout resnet50 --ranks 4 --iters 201
-        run "ex_resnet20_2_r$r" exchange --layout resnet20 --ranks 2
-        run "ex_resnet20_2_long_r$r" exchange --layout resnet20 --ranks 2 --iters 200 --warmup 10
-        run "ex_resnet20_4_long_r$r" exchange --layout resnet20 --ranks 4 --iters 301
-        for p in 2 4; do run "ex_gpt2_small_${p}_r$r" exchange --layout gpt2_small --ranks "$p"; done
+        runk "$r" ex_resnet50_2 exchange --layout resnet50 --ranks 2 --iters 21
+        runk "$r" ex_resnet50_4 exchange --layout resnet50 --ranks 4
+        runk "$r" ex_resnet50_4_long exchange --layout resnet50 --ranks 4 --iters 201
+        runk "$r" ex_resnet20_2 exchange --layout resnet20 --ranks 2
+        runk "$r" ex_resnet20_2_long exchange --layout resnet20 --ranks 2 --iters 200 --warmup 10
+        runk "$r" ex_resnet20_4_long exchange --layout resnet20 --ranks 4 --iters 301
+        for p in 2 4; do runk "$r" "ex_gpt2_small_${p}" exchange --layout gpt2_small --ranks "$p"; done
       done ;;
     ddp)
       for c in "resnet50 2" "resnet50 4" "resnet20 2"; do
@@ -136,7 +165,7 @@ for s in "${sections[@]}"; do
       done ;;
     wire)
       for r in $(seq 1 "$repeats"); do
-        for w in fp16 bf16; do run "ex_resnet50_4_${w}_r$r" exchange --layout resnet50 --ranks 4 --wire "$w" --iters 41; done
+        for w in fp16 bf16; do runk "$r" "ex_resnet50_4_${w}" exchange --layout resnet50 --ranks 4 --wire "$w" --iters 41; done
       done ;;
     kernels)
       run kernels kernels --layout resnet50,gpt2_small
@@ -148,7 +177,7 @@ for s in "${sections[@]}"; do
       done
       run sp_resnet50_inproc_8 sparse --layout resnet50 --ranks 8 --transport inproc --quick
       for r in $(seq 1 "$repeats"); do  # d = 0.01 on ResNet-50, where runs disagree: N runs each
-        for p in 2 4; do run "sp_resnet50_mpi_${p}_d0.01_r$r" sparse --layout resnet50 --ranks "$p" --density 0.01 --quick; done
+        for p in 2 4; do runk "$r" "sp_resnet50_mpi_${p}_d0.01" sparse --layout resnet50 --ranks "$p" --density 0.01 --quick; done
       done ;;
     topology)
       for p in 4 8; do run "topo_resnet50_${p}" exchange --layout resnet50 --ranks "$p" --topology all --quick; done ;;
@@ -162,46 +191,46 @@ for s in "${sections[@]}"; do
     trace)
       tmp="$(mktemp -d)"  # the traces of the cost runs are not kept, only their timings
       for r in $(seq 1 "$repeats"); do
-        run "trace_cost_resnet20_2_r$r" exchange --layout resnet20 --ranks 2 --iters 300 --warmup 10 --trace "$tmp/exchange_resnet20_2.json"
-        run "trace_cost_resnet50_4_r$r" exchange --layout resnet50 --ranks 4 --quick --trace "$tmp/exchange_resnet50_4.json"
+        runk "$r" trace_cost_resnet20_2 exchange --layout resnet20 --ranks 2 --iters 300 --warmup 10 --trace "$tmp/exchange_resnet20_2.json"
+        runk "$r" trace_cost_resnet50_4 exchange --layout resnet50 --ranks 4 --quick --trace "$tmp/exchange_resnet50_4.json"
       done
       rm -rf "$tmp"
       run trace_overlap_resnet50_4 overlap --layout resnet50 --ranks 4 --quick --compute-ratio 1 --trace "$out/trace_overlap_resnet50_4.json"
       plot trace "$out/trace_overlap_resnet50_4.json" -o "$root/docs/timeline_resnet50_4.png" ;;
     model)
       for r in $(seq 1 "$repeats"); do  # the check compares medians over repeats (docs/BENCHMARKS.md)
-        for p in 2 4 8; do run "model_resnet50_${p}_r$r" model --layout resnet50 --ranks "$p" --reps 15 --iters 15; done
+        for p in 2 4 8; do runk "$r" "model_resnet50_${p}" model --layout resnet50 --ranks "$p" --reps 15 --iters 15; done
       done
-      plot model "$out"/model_resnet50_[248]_r*.jsonl   # the tables: fits, checks, predictions
-      plot model "$out/model_resnet50_8_r1.jsonl" -o "$root/docs/cost_model.png" ;;
+      plot model "$out"/model_resnet50_[248].jsonl   # the tables: fits, checks, predictions
+      plot model "$out/model_resnet50_8.jsonl" --run 1 -o "$root/docs/cost_model.png" ;;
     autotune)
       for r in $(seq 1 "$repeats"); do
         for l in resnet50 gpt2_small; do
-          run "autotune_${l}_4_r$r" overlap --layout "$l" --ranks 4 --autotune --compute-ratio 0.5,1,2
+          runk "$r" "autotune_${l}_4" overlap --layout "$l" --ranks 4 --autotune --compute-ratio 0.5,1,2
         done
         for l in resnet50 resnet20; do
-          run "autotune_hybrid_${l}_4_r$r" overlap --layout "$l" --ranks 4 --autotune --topology hybrid --compute-ratio 0.5,1,2
+          runk "$r" "autotune_hybrid_${l}_4" overlap --layout "$l" --ranks 4 --autotune --topology hybrid --compute-ratio 0.5,1,2
         done
       done
-      plot tuner "$out"/autotune_*_4_r*.jsonl
-      plot autotune "$out"/autotune_resnet50_4_r*.jsonl "$out"/autotune_gpt2_small_4_r*.jsonl -o "$root/docs/autotune.png" > /dev/null ;;
+      plot tuner "$out"/autotune_*_4.jsonl
+      plot autotune "$out"/autotune_resnet50_4.jsonl "$out"/autotune_gpt2_small_4.jsonl -o "$root/docs/autotune.png" > /dev/null ;;
     loops)
       for r in $(seq 1 "$repeats"); do
-        for l in shared_late resnet50; do run "loops_overlap_${l}_4_r$r" overlap --layout "$l" --ranks 4 --learn-order --quick; done
-        run "loops_options_resnet50_4_r$r" exchange --layout resnet50 --ranks 4 --options
-        run "loops_options_resnet20_2_r$r" exchange --layout resnet20 --ranks 2 --options
+        for l in shared_late resnet50; do runk "$r" "loops_overlap_${l}_4" overlap --layout "$l" --ranks 4 --learn-order --quick; done
+        runk "$r" loops_options_resnet50_4 exchange --layout resnet50 --ranks 4 --options
+        runk "$r" loops_options_resnet20_2 exchange --layout resnet20 --ranks 2 --options
       done
       plot loops "$out"/loops_*.jsonl -o "$root/docs/learn_order.png" ;;
     oktopk)
       [[ "$(id -u)" == 0 ]] || { echo "bench/measure.sh oktopk: run as root (bench/netem.sh makes network namespaces)" >&2; exit 2; }
       for r in $(seq 1 "$repeats"); do
-        run "sp_oktopk_resnet50_mpi_4_r$r" sparse --layout resnet50 --ranks 4 --density 0.001,0.01 --gradients fresh --warmup 30 --iters 7
+        runk "$r" sp_oktopk_resnet50_mpi_4 sparse --layout resnet50 --ranks 4 --density 0.001,0.01 --gradients fresh --warmup 30 --iters 7
       done
       for p in 8 16; do
         "$root/bench/netem.sh" down "$p" > /dev/null  # idempotent: whatever an earlier run left
         "$root/bench/netem.sh" up "$p" 1gbit > /dev/null
         for r in $(seq 1 "$repeats"); do
-          netrun "net_sp_oktopk_resnet50_${p}_r$r" "$p" sparse --layout resnet50 --density 0.001,0.01 --gradients fresh --warmup 30 --iters 7
+          netrunk "$r" "net_sp_oktopk_resnet50_${p}" "$p" sparse --layout resnet50 --density 0.001,0.01 --gradients fresh --warmup 30 --iters 7
         done
         "$root/bench/netem.sh" down "$p" > /dev/null
       done ;;
@@ -218,9 +247,9 @@ for s in "${sections[@]}"; do
       for r in $(seq 1 "$repeats"); do
         for p in 2 4 8; do
           "$root/bench/netem.sh" up "$p" 1gbit > /dev/null
-          if ! netrun "net_model_resnet50_${p}_r$r" "$p" model --layout resnet50 --reps 15 --iters 15; then
+          if ! netrunk "$r" "net_model_resnet50_${p}" "$p" model --layout resnet50 --reps 15 --iters 15; then
             "$root/bench/netem.sh" down "$p" > /dev/null
-            echo "bench/measure.sh netem: the network model run on $p ranks failed; see $out/net_model_resnet50_${p}_r$r.log" >&2
+            echo "bench/measure.sh netem: the network model run on $p ranks failed; see run $r in $out/net_model_resnet50_${p}.log" >&2
             exit 1
           fi
           "$root/bench/netem.sh" down "$p" > /dev/null
