@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Summary of the libtorch CNN's multi-seed convergence study (examples/torch/convergence.sh).
 
-Reads DIR/<name>_s<seed>.csv (per-epoch rows of one run), prints per composition the final test
-accuracy's mean and sample standard deviation over the seeds, and its difference to dense two
+Reads DIR/runs.csv (or the CSV file given): one row per epoch of every run, its first two columns
+the run's composition (<name>[_<suffix>]) and seed, then the trainer's --csv columns, as
+examples/torch/convergence.sh writes it. Prints per composition the final test accuracy's mean and sample standard deviation over the seeds, and its difference to dense two
 ways: unpaired (mean - mean_dense, uncertainty sqrt(sd^2/n + sd_dense^2/n)) and paired by seed
 (the same seed gives every composition the same initial weights and shuffles; uncertainty: the
 standard deviation of the per-seed differences / sqrt(n)). The verdict uses the paired numbers:
@@ -16,10 +17,8 @@ Draws mean +- sd per epoch and the differences with their targets to -o PNG.
 """
 import argparse
 import csv
-import glob
 import math
 import os
-import re
 import statistics
 
 TARGETS = {"torch_fp16": 0.2, "torch_csc": 0.5, "torch_topk": 1.0, "torch_gtopk": 1.0, "torch_oktopk": 1.0}
@@ -27,16 +26,15 @@ ORDER = ["torch_dense", "torch_fp16", "torch_csc", "torch_topk", "torch_gtopk", 
 
 
 def load(d):
+    path = os.path.join(d, "runs.csv") if os.path.isdir(d) else d
+    per_run = {}  # (composition, seed) -> its rows, epoch by epoch
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            per_run.setdefault((r["composition"], int(r["seed"])), []).append(r)
     runs = {}
-    for path in glob.glob(os.path.join(d, "*_s*.csv")):
-        m = re.match(r"(.+)_s(\d+)\.csv$", os.path.basename(path))
-        if not m:
-            continue
-        with open(path) as f:
-            rows = list(csv.DictReader(f))
-        if rows:
-            runs.setdefault(m.group(1), {})[int(m.group(2))] = [float(r["test_acc"]) for r in rows]
-            BYTES.setdefault(m.group(1), {})[int(m.group(2))] = float(rows[-1]["bytes_per_iter"])
+    for (name, seed), rows in per_run.items():
+        runs.setdefault(name, {})[seed] = [float(r["test_acc"]) for r in rows]
+        BYTES.setdefault(name, {})[seed] = float(rows[-1]["bytes_per_iter"])
     return runs
 
 
@@ -49,7 +47,7 @@ def sd(xs):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("dir")
+    ap.add_argument("dir", help="a results folder (its runs.csv) or a runs CSV file")
     ap.add_argument("-o", "--out")
     a = ap.parse_args()
     runs = load(a.dir)
