@@ -5,7 +5,9 @@
 # bench/python_ddp.py (the same model under torch DDP over gloo, the same buckets as
 # "fusion=25MiB,first=1MiB"), one epoch on --train-limit samples each, alternating run by run, the
 # order flipped every repeat. Prints ms/iteration per run and the ratios Python / C++ and
-# gflow.torch / DDP per repeat and as the median over repeats. Needs the build's torch_* trainers and
+# gflow.torch / DDP per repeat and as the median over repeats. Every run's RESULT line goes to
+# DIR/runs.txt (default DIR: a temporary directory), after a line "==> NAME <==" that names the run
+# (cpp_torch_dense_r1.txt, py_torch_topk_r2.txt, ddp_r1.txt, ...). Needs the build's torch_* trainers and
 # gflow_python module (cmake --build DIR --target gflow_python torch_dense torch_topk torch_fp16).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,46 +25,54 @@ done
 py="${PYTHON:-/usr/bin/python3}"
 [[ -n "$out" ]] || out="$(mktemp -d)"
 mkdir -p "$out"
+work="$(mktemp -d)"  # a file per run while they run, and the runs' stderr (stderr.log)
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" OMPI_MCA_rmaps_base_oversubscribe=1
 mpi=(mpiexec --bind-to none -n "$ranks")
 if [[ "$(id -u)" == 0 ]]; then mpi+=(--allow-run-as-root); fi
 common=(--epochs 1 --train-limit "$limit" --seed 1)
 # pairs: python composition name, C++ trainer binary
 pairs=("dense torch_dense" "topk=0.01 torch_topk" "fp16 torch_fp16")
-run() {  # run FILE CMD...: the RESULT line into FILE
-  local f="$1"; shift
+run() {  # run NAME CMD...: the RESULT line into $work/NAME
+  local f="$work/$1"; shift
   echo "[$(date +%T)] $*" >&2
-  "$@" 2>>"$out/stderr.log" | grep '^RESULT' > "$f" || { echo "bench/python_vs_cpp.sh: no RESULT from: $*" >&2; exit 1; }
+  "$@" 2>>"$work/stderr.log" | grep '^RESULT' > "$f" || { echo "bench/python_vs_cpp.sh: no RESULT from: $* (stderr: $work/stderr.log)" >&2; exit 1; }
 }
 for ((r = 1; r <= repeats; r++)); do
   for pair in "${pairs[@]}"; do
     read -r comp bin <<< "$pair"
-    c=(run "$out/cpp_${bin}_r$r.txt" "${mpi[@]}" "$build/examples/$bin" "${common[@]}")
-    p=(run "$out/py_${bin}_r$r.txt" "${mpi[@]}" "$py" "$root/examples/python/train.py" --composition "$comp" "${common[@]}")
+    c=(run "cpp_${bin}_r$r.txt" "${mpi[@]}" "$build/examples/$bin" "${common[@]}")
+    p=(run "py_${bin}_r$r.txt" "${mpi[@]}" "$py" "$root/examples/python/train.py" --composition "$comp" "${common[@]}")
     if ((r % 2)); then "${c[@]}"; "${p[@]}"; else "${p[@]}"; "${c[@]}"; fi
   done
-  d=(run "$out/ddp_r$r.txt" "${mpi[@]}" "$py" "$root/bench/python_ddp.py" --bucket-mb 25 --first-bucket-mb 1 "${common[@]}")
-  g=(run "$out/py_fusion25_r$r.txt" "${mpi[@]}" "$py" "$root/examples/python/train.py" --composition "fusion=25MiB,first=1MiB" "${common[@]}")
+  d=(run "ddp_r$r.txt" "${mpi[@]}" "$py" "$root/bench/python_ddp.py" --bucket-mb 25 --first-bucket-mb 1 "${common[@]}")
+  g=(run "py_fusion25_r$r.txt" "${mpi[@]}" "$py" "$root/examples/python/train.py" --composition "fusion=25MiB,first=1MiB" "${common[@]}")
   if ((r % 2)); then "${d[@]}"; "${g[@]}"; else "${g[@]}"; "${d[@]}"; fi
 done
-"$py" - "$out" "$repeats" <<'PY'
-import glob, re, statistics, sys
-out, repeats = sys.argv[1], int(sys.argv[2])
-def ms(path):
-    m = re.search(r"ms_per_iter=([0-9.]+)", open(path).read())
+for f in "$work"/*_r*.txt; do printf '==> %s <==\n' "${f##*/}"; cat "$f"; done > "$out/runs.txt"
+"$py" - "$out/runs.txt" "$repeats" <<'PY'
+import re, statistics, sys
+path, repeats = sys.argv[1], int(sys.argv[2])
+runs, name = {}, None  # run name -> its RESULT line(s)
+for line in open(path):
+    m = re.match(r"==> (.+) <==$", line.rstrip("\n"))
+    if m:
+        name = m.group(1)
+        runs[name] = ""
+    else:
+        runs[name] += line
+def ms(name):
+    m = re.search(r"ms_per_iter=([0-9.]+)", runs[name])
     return float(m.group(1))
-def acc(path):
-    return float(re.search(r"test_acc=([0-9.]+)", open(path).read()).group(1))
 print("| composition | C++ ms/iter (runs) | Python ms/iter (runs) | Python / C++ per repeat | median |")
 print("| --- | --- | --- | --- | ---: |")
 for b in ["torch_dense", "torch_topk", "torch_fp16"]:
-    c = [ms(f"{out}/cpp_{b}_r{r}.txt") for r in range(1, repeats + 1)]
-    p = [ms(f"{out}/py_{b}_r{r}.txt") for r in range(1, repeats + 1)]
+    c = [ms(f"cpp_{b}_r{r}.txt") for r in range(1, repeats + 1)]
+    p = [ms(f"py_{b}_r{r}.txt") for r in range(1, repeats + 1)]
     q = [y / x for x, y in zip(c, p)]
     print(f"| {b[6:]} | {', '.join(f'{x:.1f}' for x in c)} | {', '.join(f'{x:.1f}' for x in p)} | {', '.join(f'{x:.3f}' for x in q)} | {statistics.median(q):.3f} |")
-d = [ms(f"{out}/ddp_r{r}.txt") for r in range(1, repeats + 1)]
-g = [ms(f"{out}/py_fusion25_r{r}.txt") for r in range(1, repeats + 1)]
+d = [ms(f"ddp_r{r}.txt") for r in range(1, repeats + 1)]
+g = [ms(f"py_fusion25_r{r}.txt") for r in range(1, repeats + 1)]
 q = [y / x for x, y in zip(d, g)]
 print(f"| gflow.torch fusion=25MiB,first=1MiB vs DDP/gloo (25 MiB, first 1 MiB) | DDP {', '.join(f'{x:.1f}' for x in d)} | gflow {', '.join(f'{x:.1f}' for x in g)} | {', '.join(f'{x:.3f}' for x in q)} | {statistics.median(q):.3f} |")
-print(f"(raw RESULT lines in {out})")
+print(f"(raw RESULT lines in {path})")
 PY
