@@ -5,7 +5,7 @@
 # ddp_backward, local_backward) alternate, the order flipped every repeat, and the ratio
 # gflow / gloo_bucketed is printed per repeat and as the median of the repeats. Needs
 # /usr/bin/python3 with torch (Debian's python3-torch). Raw JSON lines go to DIR (default: a
-# temporary directory) as gflow_rN.jsonl and gloo_rN.jsonl.
+# temporary directory) as gflow.jsonl and gloo.jsonl (replaced), repeat N's rows beginning {"run":N,.
 #
 # Machine levels: on the 2-vCPU machines this project measures on, a 2-rank shared-memory exchange
 # runs at one of two levels about 2x apart (resnet50: ~25 or ~57 ms), gflow and the hand-written
@@ -33,10 +33,12 @@ py="${PYTHON:-/usr/bin/python3}"
 "$py" -c 'import torch.distributed' 2>/dev/null || { echo "bench/ddp_gloo.sh: $py cannot import torch.distributed (apt-get install python3-torch)" >&2; exit 2; }
 [[ -n "$out" ]] || out="$(mktemp -d)"
 mkdir -p "$out"
+: > "$out/gflow.jsonl"
+: > "$out/gloo.jsonl"
 mpi_flags=(--oversubscribe --bind-to none)
 if [[ "$(id -u)" == 0 ]]; then mpi_flags+=(--allow-run-as-root); fi
-gflow_run() { "$root/bench/run" exchange --layout "$layout" --ranks "$ranks" --iters "$iters" --warmup 3 > "$out/gflow_r$1.jsonl"; }
-gloo_run() { mpiexec "${mpi_flags[@]}" -n "$ranks" "$py" "$root/bench/ddp_gloo.py" --layout "$layout" --iters "$iters" --warmup 3 --port $((29500 + $1)) > "$out/gloo_r$1.jsonl"; }
+gflow_run() { "$root/bench/run" exchange --layout "$layout" --ranks "$ranks" --iters "$iters" --warmup 3 | sed "s/^{/{\"run\":$1,/" >> "$out/gflow.jsonl"; }
+gloo_run() { mpiexec "${mpi_flags[@]}" -n "$ranks" "$py" "$root/bench/ddp_gloo.py" --layout "$layout" --iters "$iters" --warmup 3 --port $((29500 + $1)) | sed "s/^{/{\"run\":$1,/" >> "$out/gloo.jsonl"; }
 # analyse MODE R, over repeats 1..R: "count" prints how many ran on the fast level (their
 # mpi_bucketed within FAST_WITHIN of the fastest repeat's), "summary" prints the table and spreads.
 analyse() {
@@ -44,23 +46,23 @@ analyse() {
 import json, statistics, sys
 out, repeats, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 FAST_WITHIN = 1.5
-def med(path, variant):
-    for line in open(path):
+def med(kind, r, variant):  # repeat r's median of variant in gflow.jsonl or gloo.jsonl
+    for line in open(f"{out}/{kind}.jsonl"):
         if line.startswith("{"):
             j = json.loads(line)
-            if j.get("variant") == variant:
+            if j.get("run") == r and j.get("variant") == variant:
                 return j["median_s"]
-    sys.exit(f"bench/ddp_gloo.sh: {path} has no variant {variant}")
-hand = [med(f"{out}/gflow_r{r}.jsonl", "mpi_bucketed") for r in range(1, repeats + 1)]
+    sys.exit(f"bench/ddp_gloo.sh: {out}/{kind}.jsonl has no variant {variant} in repeat {r}")
+hand = [med("gflow", r, "mpi_bucketed") for r in range(1, repeats + 1)]
 fast = [m <= FAST_WITHIN * min(hand) for m in hand]
 if mode == "count":
     print(sum(fast))
     sys.exit()
 runs = []
 for r in range(1, repeats + 1):
-    g, m = med(f"{out}/gflow_r{r}.jsonl", "gflow"), hand[r - 1]
-    gl = med(f"{out}/gloo_r{r}.jsonl", "gloo_bucketed")
-    added = med(f"{out}/gloo_r{r}.jsonl", "ddp_backward") - med(f"{out}/gloo_r{r}.jsonl", "local_backward")
+    g, m = med("gflow", r, "gflow"), hand[r - 1]
+    gl = med("gloo", r, "gloo_bucketed")
+    added = med("gloo", r, "ddp_backward") - med("gloo", r, "local_backward")
     runs.append((r, g, m, gl, added))
 print(f"{'repeat':>6} {'level':>5} {'gflow ms':>9} {'mpi_bucketed ms':>15} {'gloo_bucketed ms':>16} {'ddp added ms':>12} {'gflow/gloo':>10}")
 for (r, g, m, gl, added), f in zip(runs, fast):
