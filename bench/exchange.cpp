@@ -122,9 +122,9 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
   MPI_Comm_size(MPI_COMM_WORLD, &P);
   gflow::mpi::transport tr(MPI_COMM_WORLD);
   using E = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>>;
-  gflow::exchange_options eo;
-  eo.threshold_bytes = threshold;
+  const gflow::exchange_options eo;
   on_mpi<E> ex(tr, l, eo);
+  ex.set_fusion(threshold);  // every exchanger of this run: buckets of `threshold` (--threshold)
 
   const std::size_t total = l.total_numel();
   std::vector<float> fresh(total);
@@ -132,7 +132,7 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
   std::vector<float> pool(total);
   std::vector<std::uint16_t> wire(total);
   hand_written hw;
-  const std::size_t wbytes = sizeof(typename Wire::type);
+  const std::size_t wbytes = sizeof(Wire);
   const auto buckets = hand_buckets(l, threshold, wbytes);
   std::vector<std::pair<std::size_t, std::size_t>> per_tensor;
   {
@@ -167,20 +167,19 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
   vs.push_back({"mpi_bucketed", buckets.size(), ranges_run(&buckets), fill_pool, {}});
   if (with_fixed) vs.push_back({"mpi_whole", 1, ranges_run(&whole), fill_pool, {}});
   // Topologies over the same buckets (bench/run exchange --topology all)
-  using H2 = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hierarchical<2>>>;
-  using H4 = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hierarchical<4>>>;
-  using H8 = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hierarchical<8>>>;
-  using H16 = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hierarchical<16>>>;
-  using Hy = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hybrid<(1u << 20), 2>>>;
-  using Hy8 = gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<gflow::Hybrid<(1u << 20), 8>>>;
-  std::optional<on_mpi<H2>> h2;
-  std::optional<on_mpi<H4>> h4;
-  std::optional<on_mpi<H8>> h8;
-  std::optional<on_mpi<H16>> h16;
-  std::optional<on_mpi<Hy>> hy;
-  std::optional<on_mpi<Hy8>> hy8;
+  // (gflow's exchanger over another Topology)
+  auto topo = []<class A>(A) -> std::optional<on_mpi<gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<A>>>> {
+    return std::nullopt;
+  };
+  auto h2 = topo(gflow::Hierarchical<2>{});
+  auto h4 = topo(gflow::Hierarchical<4>{});
+  auto h8 = topo(gflow::Hierarchical<8>{});
+  auto h16 = topo(gflow::Hierarchical<16>{});
+  auto hy = topo(gflow::Hybrid<(1u << 20), 2>{});
+  auto hy8 = topo(gflow::Hybrid<(1u << 20), 8>{});
   // Another exchanger over the same pool contents, timed like gflow (every tensor ready, finish).
   auto add_exchanger = [&](auto* e, const char* name) {
+    e->set_fusion(threshold);
     vs.push_back({name, e->buckets().size(),
                   [e, &l] {
                     for (std::size_t k = l.size(); k-- > 0;) e->ready(k);
@@ -247,6 +246,7 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
     exs.emplace(tr, l, eo);
     add_exchanger(&*exs, "gflow_shard");
     exsg.emplace(tr, l, eo);
+    exsg->set_fusion(threshold);
     vs.push_back({"gflow_shard_gather", 2 * exsg->buckets().size(),
                   [&] {
                     for (std::size_t k = l.size(); k-- > 0;) exsg->ready(k);
@@ -261,9 +261,9 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
   }
   // With a 16-bit wire, the fp32 exchange of the same pool in the same run (bench/run exchange
   // --wire fp16 reports gflow / gflow_fp32).
-  using E32 = gflow::Exchanger<gflow::Precision<gflow::wire::fp32>, gflow::Fusion<(4u << 20)>>;
+  using E32 = gflow::Exchanger<gflow::Precision<float>, gflow::Fusion<(4u << 20)>>;
   std::optional<on_mpi<E32>> ex32;
-  if constexpr (!std::is_same_v<Wire, gflow::wire::fp32>) {
+  if constexpr (!std::is_same_v<Wire, float>) {
     ex32.emplace(tr, l, eo);
     add_exchanger(&*ex32, "gflow_fp32");
   }
@@ -324,9 +324,9 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
 }
 
 std::vector<variant_result> run_wire(const options& o, const gflow::Layout& l, std::size_t threshold, bool with_fixed) {
-  if (o.wire == "fp16") return run_exchange<gflow::wire::fp16>(o, l, threshold, with_fixed);
-  if (o.wire == "bf16") return run_exchange<gflow::wire::bf16>(o, l, threshold, with_fixed);
-  return run_exchange<gflow::wire::fp32>(o, l, threshold, with_fixed);
+  if (o.wire == "fp16") return run_exchange<gflow::half>(o, l, threshold, with_fixed);
+  if (o.wire == "bf16") return run_exchange<gflow::bfloat16>(o, l, threshold, with_fixed);
+  return run_exchange<float>(o, l, threshold, with_fixed);
 }
 
 }  // namespace

@@ -63,9 +63,9 @@ overlap_result run_overlap_variant(const char* name, const options& o, const gfl
   MPI_Comm_size(MPI_COMM_WORLD, &P);
   gflow::mpi::transport tr(MPI_COMM_WORLD);
   gflow::exchange_options eo;
-  eo.threshold_bytes = o.threshold;
   eo.learn_order = learn_order;  // learns from the first iteration's order: the backward's (below)
   typename E::template on<gflow::mpi::transport> ex(tr, l, eo);
+  ex.set_fusion(o.threshold);
   const std::size_t total = l.total_numel();
   std::vector<float> fresh(total, 0.5f);
   std::vector<double> it_t, ex_t, co_t;
@@ -180,8 +180,7 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
   std::mt19937 rng(20261124);  // the same order on every rank
   for (double ratio : o.compute_ratios) {
     const double per_elem = ratio * base.exchange.median / static_cast<double>(l.total_numel());
-    gflow::exchange_options eo;
-    eo.threshold_bytes = 4u << 20;
+    const gflow::exchange_options eo;  // the tuner starts from 4 MiB
     gflow::mpi::transport tr(MPI_COMM_WORLD);  // one, as in a trainer: the exchangers take turns
     // non-zero gradients, the same on every rank, written once per exchanger (outside the timing)
     auto fill = [&](auto& ex) {
@@ -256,9 +255,8 @@ void run_autotune_suite(const options& o, const gflow::Layout& l, const std::str
       std::shuffle(order.begin(), order.end(), rng);
       for (std::size_t v : order) {
         if (v < n) {
-          gflow::exchange_options fo;
-          fo.threshold_bytes = plans[v].th;
-          Fixed fixed(tr, l, fo);
+          Fixed fixed(tr, l);
+          fixed.set_fusion(plans[v].th);
           if constexpr (hybrid) fixed.topology().set_threshold(plans[v].sw);
           visit(fixed, v);
         } else {
@@ -367,7 +365,7 @@ void overlap_strategies(const options& o, const gflow::Layout& l, const std::str
         "\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"bytes_per_rank\":%zu,\"iteration_s\":%.9g,\"compute_s\":%.9g,"
         "\"exchange_s\":%.9g,\"hidden_fraction\":%.4f,\"compute_ratio\":%.3f,\"iterations\":%d}\n",
         layout_name.c_str(), P, r.name.c_str(), o.wire.c_str(), o.threshold, r.iteration.median, r.iteration.p10, r.iteration.p90,
-        l.total_numel() * sizeof(typename W::type), r.iteration.median, r.compute.median, r.exchange.median, hidden, o.compute_ratio,
+        l.total_numel() * sizeof(W), r.iteration.median, r.compute.median, r.exchange.median, hidden, o.compute_ratio,
         o.iters);
   }
   std::fflush(stdout);
@@ -387,14 +385,14 @@ int run_overlap_suite(const options& o, const gflow::Layout& l, const std::strin
     std::fprintf(stderr, "gflow bench: suite overlap, layout %s, %d ranks, wire %s, threshold %zu B, compute = %.2f x exchange, %d+%d iterations\n",
                  layout_name.c_str(), P, o.wire.c_str(), o.threshold, o.compute_ratio, o.warmup, o.iters);
   if (o.autotune) {
-    if (o.wire == "fp16") run_autotune_suite<gflow::wire::fp16>(o, l, layout_name);
-    else if (o.wire == "bf16") run_autotune_suite<gflow::wire::bf16>(o, l, layout_name);
-    else run_autotune_suite<gflow::wire::fp32>(o, l, layout_name);
+    if (o.wire == "fp16") run_autotune_suite<gflow::half>(o, l, layout_name);
+    else if (o.wire == "bf16") run_autotune_suite<gflow::bfloat16>(o, l, layout_name);
+    else run_autotune_suite<float>(o, l, layout_name);
     return 0;
   }
-  if (o.wire == "fp16") overlap_strategies<gflow::wire::fp16>(o, l, layout_name);
-  else if (o.wire == "bf16") overlap_strategies<gflow::wire::bf16>(o, l, layout_name);
-  else overlap_strategies<gflow::wire::fp32>(o, l, layout_name);
+  if (o.wire == "fp16") overlap_strategies<gflow::half>(o, l, layout_name);
+  else if (o.wire == "bf16") overlap_strategies<gflow::bfloat16>(o, l, layout_name);
+  else overlap_strategies<float>(o, l, layout_name);
   return 0;
 }
 

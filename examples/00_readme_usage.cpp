@@ -16,7 +16,7 @@ int main() {
   const auto layout = gflow::Layout::from_sizes({4096, 64, 250000, 10});
 
   // fp16 on the wire; tensors fused into buckets of at least 256 KiB.
-  using Exchange = gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<256 << 10>>;
+  using Exchange = gflow::Exchanger<gflow::Precision<gflow::half>, gflow::Fusion<256 << 10>>;
 
   std::atomic<bool> ok = true;
   std::atomic<int> checked = 0;  // steps checked, summed over the ranks

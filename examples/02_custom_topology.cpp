@@ -4,7 +4,7 @@
 // rotates with each message (message m goes to rank m mod P), so no one rank adds every bucket.
 //
 // It composes with the other families like Ring, Hierarchical<g> or Hybrid<t, g>:
-//     gflow::Exchanger<gflow::Topology<ReduceBroadcast>, gflow::Precision<gflow::wire::fp16>, gflow::Fusion<16 << 10>>
+//     gflow::Exchanger<gflow::Topology<ReduceBroadcast>, gflow::Precision<gflow::half>, gflow::Fusion<16 << 10>>
 // and this program checks on 4 in-process ranks, for an fp32 and an fp16 wire, that the exchanged
 // gradients are bit for bit those of Topology<Ring> on integer-valued gradients (every partial sum
 // is exact there, so the order of the additions cannot change a bit), and identical on every rank.
@@ -114,7 +114,7 @@ int main() {
   const auto layout = gflow::Layout::from_sizes({4096, 64, 25000, 10, 300});
   constexpr int P = 4;
   std::atomic<bool> ok = true;
-  const std::size_t checked = compare<gflow::wire::fp32>(layout, P, ok, "fp32") + compare<gflow::wire::fp16>(layout, P, ok, "fp16");
+  const std::size_t checked = compare<float>(layout, P, ok, "fp32") + compare<gflow::half>(layout, P, ok, "fp16");
   const bool good = ok && checked == 2u * P * 3u * layout.total_numel();
   std::printf("%s\n", good ? "identical to Ring on every rank, bit for bit" : "WRONG");
   return good ? 0 : 1;

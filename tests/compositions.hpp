@@ -47,14 +47,14 @@ inline mock_t played_rank(int P, int r, int g) {
 }
 
 // Families, one small instance each (sized for test layouts of a few thousand elements).
-using wires = std::tuple<gflow::wire::fp32, gflow::wire::fp16, gflow::wire::bf16>;
-using schemes = std::tuple<gflow::Dense, gflow::CSC<16, 25>, gflow::TopK<0.1>, gflow::GTopK<0.1>>;
+using wires = std::tuple<float, gflow::half, gflow::bfloat16>;
+using schemes = std::tuple<gflow::None, gflow::CSC<16, 25>, gflow::TopK<0.1>, gflow::GTopK<0.1>>;
 using strategies = std::tuple<gflow::None, gflow::Funneled, gflow::Concurrent<1>, gflow::Concurrent<2>, gflow::Concurrent<3>, gflow::Chained>;
 
 /// The family name of a scheme of `schemes` ("Dense", "CSC", "TopK", "GTopK"): test labels and seeds.
 template <class S>
 constexpr const char* scheme_label() {
-  if constexpr (std::is_same_v<S, gflow::Dense>) return "Dense";
+  if constexpr (std::is_same_v<S, gflow::None>) return "Dense";
   else if constexpr (requires { S::chunk_elems; }) return "CSC";
   else return S::global ? "GTopK" : "TopK";
 }
@@ -65,20 +65,20 @@ constexpr const char* scheme_label() {
 using supported = std::tuple<
     gflow::Exchanger<>,
     gflow::Exchanger<gflow::Fusion<256>>,
-    gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<256>>,
-    gflow::Exchanger<gflow::Precision<gflow::wire::bf16>, gflow::Fusion<256>>,
+    gflow::Exchanger<gflow::Precision<gflow::half>, gflow::Fusion<256>>,
+    gflow::Exchanger<gflow::Precision<gflow::bfloat16>, gflow::Fusion<256>>,
     gflow::Exchanger<gflow::Fusion<256>, gflow::Topology<gflow::Hierarchical<2>>>,
-    gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<256>, gflow::Topology<gflow::Hybrid<1024, 2>>>,
+    gflow::Exchanger<gflow::Precision<gflow::half>, gflow::Fusion<256>, gflow::Topology<gflow::Hybrid<1024, 2>>>,
     gflow::Exchanger<gflow::Fusion<256>, gflow::Overlap<gflow::Funneled>>,
     gflow::Exchanger<gflow::Fusion<256>, gflow::Overlap<gflow::Concurrent<2>>>,
     gflow::Exchanger<gflow::Fusion<256>, gflow::Overlap<gflow::Chained>>,
     gflow::Exchanger<gflow::Sparsifier<gflow::CSC<16, 25>>>,
     gflow::Exchanger<gflow::Sparsifier<gflow::CSC<16, 25>>, gflow::Fusion<256>, gflow::Overlap<gflow::Funneled>>,
-    gflow::Exchanger<gflow::Sparsifier<gflow::CSC<16, 25>>, gflow::Precision<gflow::wire::fp16>, gflow::Topology<gflow::Hybrid<1024, 2>>>,
+    gflow::Exchanger<gflow::Sparsifier<gflow::CSC<16, 25>>, gflow::Precision<gflow::half>, gflow::Topology<gflow::Hybrid<1024, 2>>>,
     gflow::Exchanger<gflow::Sparsifier<gflow::TopK<0.1>>>,
-    gflow::Exchanger<gflow::Sparsifier<gflow::TopK<0.1>>, gflow::Fusion<256>, gflow::Precision<gflow::wire::fp16>, gflow::Overlap<gflow::Funneled>>,
+    gflow::Exchanger<gflow::Sparsifier<gflow::TopK<0.1>>, gflow::Fusion<256>, gflow::Precision<gflow::half>, gflow::Overlap<gflow::Funneled>>,
     gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.1>>>,
-    gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.1>>, gflow::Fusion<256>, gflow::Precision<gflow::wire::bf16>, gflow::Overlap<gflow::Funneled>>>;
+    gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.1>>, gflow::Fusion<256>, gflow::Precision<gflow::bfloat16>, gflow::Overlap<gflow::Funneled>>>;
 
 /// Calls f.template operator()<T>() for every T of a std::tuple type list.
 template <class List, class F>

@@ -108,7 +108,7 @@ TEST_CASE("mock: lazy allreduce launches a bucket as soon as the ready prefix co
 TEST_CASE("mock: fp16 and bf16 wires send 2 bytes per element and fuse by wire bytes") {
   auto l = Layout::from_sizes({3, 5, 7, 11});
   mock_t m(4);
-  on_mock<Exchanger<Precision<wire::fp16>, Fusion<40>>> ex(m, l);
+  on_mock<Exchanger<Precision<half>, Fusion<40>>> ex(m, l);
   for (std::size_t i = 0; i < l.size(); ++i) ex.ready(i);
   auto ar = m.calls().of(mock::op::all_reduce);
   REQUIRE(ar.size() == 2);  // 22+14+10 = 46 B >= 40, then 6 B
@@ -118,7 +118,7 @@ TEST_CASE("mock: fp16 and bf16 wires send 2 bytes per element and fuse by wire b
   (void)ex.finish();
 
   mock_t m2(4);
-  on_mock<Exchanger<Fusion<1 << 20>, Precision<wire::bf16>>> ex2(m2, l);
+  on_mock<Exchanger<Fusion<1 << 20>, Precision<bfloat16>>> ex2(m2, l);
   for (std::size_t i = l.size(); i-- > 0;) ex2.ready(i);
   auto ar2 = m2.calls().of(mock::op::all_reduce);
   REQUIRE(ar2.size() == 1);
@@ -138,9 +138,8 @@ TEST_CASE("mock: first bucket cap and run-time threshold override") {
   CHECK(ex.buckets().size() == 3);
   CHECK(ex.threshold_bytes() == 800);
 
-  exchange_options o;
-  o.threshold_bytes = 2000;
-  on_mock<Exchanger<Fusion<400>>> ex2(m, l, o);
+  on_mock<Exchanger<Fusion<400>>> ex2(m, l);
+  ex2.set_fusion(2000);
   CHECK(ex2.buckets().size() == 2);  // [5] [1]
   CHECK_THROWS_AS(ex2.set_fusion(0), gflow::invalid_argument);
 }
@@ -221,9 +220,9 @@ TEST_CASE("misuse raises typed errors that name the parameter and the fix") {
     CHECK_THROWS_AS(ex.set_fusion(64), gflow::usage_error);
   }
   SUBCASE("threshold 0 at run time") {
-    exchange_options o;
-    o.threshold_bytes = 0;
-    CHECK_THROWS_AS((on_mock<Exchanger<Fusion<64>>>(m, l, o)), gflow::invalid_argument);
+    on_mock<Exchanger<Fusion<64>>> ex0(m, l);
+    CHECK_THROWS_AS(ex0.set_fusion(0), gflow::invalid_argument);
+    CHECK(ex0.threshold_bytes() == 64);
   }
   SUBCASE("empty layout") { CHECK_THROWS_AS(Layout::from_sizes(std::vector<std::size_t>{}), gflow::invalid_argument); }
 }
@@ -232,7 +231,7 @@ TEST_CASE("fp16 wire: divide before the cast, report inf/NaN, never apply silent
   auto l = Layout::from_sizes({4});
   SUBCASE("60000 averaged over 4 ranks stays finite (the fp16 sum would overflow)") {
     inproc::run(4, [&](inproc::transport& t) {
-      on_inproc<Exchanger<Precision<wire::fp16>>> ex(t, l);
+      on_inproc<Exchanger<Precision<half>>> ex(t, l);
       std::fill(ex.view(0).begin(), ex.view(0).end(), 60000.0f);
       ex.ready(0);
       auto st = ex.finish();
@@ -242,7 +241,7 @@ TEST_CASE("fp16 wire: divide before the cast, report inf/NaN, never apply silent
   }
   SUBCASE("values beyond fp16 range are reported") {
     inproc::run(4, [&](inproc::transport& t) {
-      on_inproc<Exchanger<Precision<wire::fp16>>> ex(t, l);
+      on_inproc<Exchanger<Precision<half>>> ex(t, l);
       std::fill(ex.view(0).begin(), ex.view(0).end(), 1e6f);
       ex.ready(0);
       auto st = ex.finish();
@@ -253,7 +252,7 @@ TEST_CASE("fp16 wire: divide before the cast, report inf/NaN, never apply silent
   SUBCASE("a NaN on one rank is reported on every rank, for every wire") {
     inproc::run(3, [&](inproc::transport& t) {
       on_inproc<Exchanger<>> e32(t, l);
-      on_inproc<Exchanger<Precision<wire::bf16>>> e16(t, l);
+      on_inproc<Exchanger<Precision<bfloat16>>> e16(t, l);
       for (auto* v : {&e32.view(0)[0]}) *v = 1.0f;
       e32.view(0)[2] = t.rank() == 1 ? std::nanf("") : 0.0f;
       std::copy(e32.view(0).begin(), e32.view(0).end(), e16.view(0).begin());
@@ -322,10 +321,10 @@ TEST_CASE_TEMPLATE("in-process: result equals the float64 mean and is bitwise id
   }
 }
 
-TEST_CASE_TEMPLATE("in-process 16-bit wires stay within their rounding", E, Exchanger<Precision<wire::fp16>, Fusion<2048>>,
-                   Exchanger<Fusion<2048>, Precision<wire::bf16>>) {
+TEST_CASE_TEMPLATE("in-process 16-bit wires stay within their rounding", E, Exchanger<Precision<half>, Fusion<2048>>,
+                   Exchanger<Fusion<2048>, Precision<bfloat16>>) {
   auto l = Layout::from_sizes(small_sizes());
-  const bool bf = std::is_same_v<typename E::policies::precision::format, wire::bf16>;
+  const bool bf = std::is_same_v<typename E::policies::precision::wire_type, bfloat16>;
   // Error bound: each rank rounds x_r/P (|err| <= u*|x_r|/P, u = half an ulp at 1), the P
   // errors add up to at most u*max|x| = u (inputs are in [-1, 1)), then the sum is rounded once
   // more (u*|mean|). So |got - mean| <= u + u*|mean|: absolute u, relative u, with u = 2^-(p+1).
@@ -344,7 +343,7 @@ TEST_CASE("in-process: resnet50 layout, 4 ranks, DDP-style buckets") {
 TEST_CASE("an iteration allocates nothing (mock transport, reserved log)") {
   auto l = Layout::from_sizes(small_sizes());
   mock_t m(4);
-  on_mock<Exchanger<Precision<wire::fp16>, Fusion<4096>>> ex(m, l);
+  on_mock<Exchanger<Precision<half>, Fusion<4096>>> ex(m, l);
   m.calls().records.reserve(10000);
   g_allocs = 0;
   g_counting = true;

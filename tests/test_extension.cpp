@@ -106,7 +106,7 @@ void check_sparse_gather(bool narrow) {
 }  // namespace
 
 TEST_CASE("extension: all_gather_sparse sends every rank's pairs in rank order through the Precision's wire type") {
-  SUBCASE("fp32") { check_sparse_gather<gflow::wire::fp32>(false); }
-  SUBCASE("fp16") { check_sparse_gather<gflow::wire::fp16>(true); }
-  SUBCASE("bf16") { check_sparse_gather<gflow::wire::bf16>(true); }
+  SUBCASE("fp32") { check_sparse_gather<float>(false); }
+  SUBCASE("fp16") { check_sparse_gather<gflow::half>(true); }
+  SUBCASE("bf16") { check_sparse_gather<gflow::bfloat16>(true); }
 }

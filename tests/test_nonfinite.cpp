@@ -216,7 +216,7 @@ TEST_CASE_TEMPLATE_APPLY(wires_id, gflow_test::wires);
 
 TEST_CASE_TEMPLATE_DEFINE("non-finite: a finite gradient that overflows the fp16 wire is reported on every rank, and not kept", S,
                           schemes_id) {
-  using E = Exchanger<Precision<wire::fp16>, Sparsifier<S>>;
+  using E = Exchanger<Precision<half>, Sparsifier<S>>;
   constexpr bool csc = requires { S::chunk_elems; };
   for (int P : {2, 4}) {
     CAPTURE(P);

@@ -52,10 +52,10 @@ TEST_CASE("timeline: every rank's ready, launch, bucket, stage, finish and itera
   const int P = 3, iters = 2;
   std::vector<std::size_t> nb;
   SUBCASE("Funneled, fp16 wire (cast, collective, widen)") {
-    traced_run<Exchanger<Precision<wire::fp16>, Fusion<2048>, Overlap<Funneled>>>(P, iters, path, nb);
+    traced_run<Exchanger<Precision<half>, Fusion<2048>, Overlap<Funneled>>>(P, iters, path, nb);
   }
   SUBCASE("None, fp32 wire") { traced_run<Exchanger<Fusion<2048>>>(P, iters, path, nb); }
-  SUBCASE("Chained") { traced_run<Exchanger<Precision<wire::bf16>, Fusion<2048>, Overlap<Chained>>>(P, iters, path, nb); }
+  SUBCASE("Chained") { traced_run<Exchanger<Precision<bfloat16>, Fusion<2048>, Overlap<Chained>>>(P, iters, path, nb); }
   std::ifstream in(path);
   std::stringstream ss;
   ss << in.rdbuf();

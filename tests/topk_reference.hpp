@@ -162,7 +162,8 @@ struct rank_trace {
 /// written straight into the pool; ready() in a rank-dependent order.
 template <class E>
 rank_trace run_ranks(int P, const Layout& l, int iters, const std::function<float(int, std::size_t, int)>& gfn,
-                     const std::function<void(typename E::template on<inproc::transport>&)>& setup = {}, exchange_options o = {}) {
+                     const std::function<void(typename E::template on<inproc::transport>&)>& setup = {}, exchange_options o = {},
+                     std::size_t fusion_bytes = 0) {
   rank_trace tr;
   const std::size_t total = l.total_numel();
   tr.result.assign(static_cast<std::size_t>(iters), std::vector<std::vector<float>>(static_cast<std::size_t>(P)));
@@ -171,6 +172,7 @@ rank_trace run_ranks(int P, const Layout& l, int iters, const std::function<floa
   tr.nonfinite.assign(static_cast<std::size_t>(iters), std::vector<std::size_t>(static_cast<std::size_t>(P)));
   inproc::run(P, [&](inproc::transport& t) {
     on_inproc<E> ex(t, l, o);
+    if (fusion_bytes) ex.set_fusion(fusion_bytes);  // 0: the composition's own plan
     if (setup) setup(ex);
     const auto r = static_cast<std::size_t>(t.rank());
     std::mt19937 rng(static_cast<unsigned>(t.rank() * 31 + 7));
@@ -210,11 +212,9 @@ template <class E>
 void check_against_reference(int P, const Layout& l, int iters, int mode, double density, std::size_t threshold = 0) {
   using W = typename E::template on<inproc::transport>::wire_type;
   using S = typename E::policies::sparsifier::scheme;
-  exchange_options o;
-  if (threshold) o.threshold_bytes = threshold;
   auto gfn = [mode](int r, std::size_t i, int it) { return grad(mode, r, i, it); };
   auto tr = run_ranks<E>(
-      P, l, iters, gfn, [density](auto& ex) { ex.sparsifier().set_density(density); }, o);
+      P, l, iters, gfn, [density](auto& ex) { ex.sparsifier().set_density(density); }, {}, threshold);
   const std::size_t total = l.total_numel();
   reference<W> ref(P, S::global, true, units_of(l, threshold, sizeof(W)), total);
   for (int it = 0; it < iters; ++it) {

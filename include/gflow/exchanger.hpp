@@ -1,7 +1,7 @@
 #pragma once
 // gflow::Exchanger<Policies...>: the facade a trainer includes.
 //
-//   using Exchange = gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<4 << 20>>;
+//   using Exchange = gflow::Exchanger<gflow::Precision<gflow::half>, gflow::Fusion<4 << 20>>;
 //   Exchange::on<gflow::mpi::transport> ex(comm, layout);
 //   // each iteration, during backward:
 //   write_gradient(ex.view(i)); ex.ready(i);        // in any order
@@ -73,7 +73,7 @@ class basic_exchanger : private detail::iteration_state {
   using wire_t = typename precision::wire_type;
   static_assert(reduces<T, wire_t>,
                 "gflow::Exchanger: the transport cannot sum the Precision policy's wire type. "
-                "Pick a wire format the transport reduces (every gflow transport reduces wire::fp32) or another transport.");
+                "Pick a wire format the transport reduces (every gflow transport reduces float) or another transport.");
   using backend = typename detail::backend_or_host<typename T::memory_space>::type;
   using engine_t = typename Set::topology::algorithm::template engine<T>;
   using context_t = detail::exchange_context<T, backend, wire_t, engine_t>;
@@ -95,6 +95,8 @@ class basic_exchanger : private detail::iteration_state {
                 "save_state / read_state / restore_state.");
 
  public:
+  /// Fusion<Auto>: the buckets are the auto-tuner's (tuner()), and set_fusion is not offered.
+  static constexpr bool autotuned = requires { requires Set::fusion::autotuned; };
   using transport_type = T;
   using policies = Set;
   using wire_type = wire_t;
@@ -102,8 +104,7 @@ class basic_exchanger : private detail::iteration_state {
   basic_exchanger(T& t, Layout layout, exchange_options opt = {})
       : detail::iteration_state(layout.size(), t.size(), opt.learn_order), t_(&t), layout_(verified(t, std::move(layout), opt)), opt_(opt), pool_(detail::plan::plan_pool(layout_)),
         grads_(pool_.total), kernels_(t), engine_(t) {
-    plan(opt_.threshold_bytes.value_or(Set::fusion::threshold_bytes),
-         opt_.first_bucket_bytes.value_or(Set::fusion::first_bucket_bytes), /*allow_zero=*/!opt_.threshold_bytes);
+    plan(Set::fusion::threshold_bytes, Set::fusion::first_bucket_bytes);
     cx_ = context_t{t_, &engine_, &kernels_, &layout_, &pool_, &buckets_, grads_.data(), opt_.average, &iteration_, &threshold_, &trace_, &contributors_,
                     sharded ? &shards_ : nullptr};
     sparsifier_.emplace(cx_);
@@ -201,7 +202,7 @@ class basic_exchanger : private detail::iteration_state {
   static constexpr bool join_is_not_built_for_sharding_yet = !Set::sharding::sharded;
   /// Uneven inputs (exchange_options::uneven_inputs): a rank out of data calls join(); it shadows
   /// the others' iterations with zeros (they average over the ranks that contributed) until every
-  /// rank has called it. Sparsifier<Dense> only: a sparse scheme keeps a residual per rank, which
+  /// rank has called it. Sparsifier<None> only: a sparse scheme keeps a residual per rank, which
   /// a joined rank could neither send nor drop (the constraint names why when it fails).
   join_status join()
     requires join_needs_a_dense_sparsifier_as_residuals_cannot_be_shadowed && join_is_not_built_for_sharding_yet
@@ -240,12 +241,17 @@ class basic_exchanger : private detail::iteration_state {
   }
 
   // ---- tuning and introspection ------------------------------------------------------------
-  /// Re-plans the buckets (between iterations only; every rank must pass the same numbers).
-  void set_fusion(std::size_t threshold_bytes, std::size_t first_bucket_bytes = 0) {
+  static constexpr bool set_fusion_needs_a_fixed_plan_as_fusion_auto_tunes_its_own = !autotuned;
+  /// Re-plans the buckets as Fusion<threshold_bytes, first_bucket_bytes> would (for a sweep or a
+  /// tuner of one's own). Between iterations; collective, the same numbers on every rank (checked
+  /// unless exchange_options::verify is false: a difference is a mismatch_error on every rank).
+  void set_fusion(std::size_t threshold_bytes, std::size_t first_bucket_bytes = 0)
+    requires set_fusion_needs_a_fixed_plan_as_fusion_auto_tunes_its_own
+  {
     if (ready_count_ != 0) throw detail::set_fusion_mid_iteration_error(iteration_);
-    plan(threshold_bytes, first_bucket_bytes, false);
-    sparsifier_->replan();
-    runner_->replan();
+    if (threshold_bytes == 0) throw detail::fusion_threshold_zero_error();
+    if (opt_.verify) detail::verify_fusion(*t_, threshold_bytes, first_bucket_bytes);
+    replan_fusion(threshold_bytes, first_bucket_bytes);
   }
 
   [[nodiscard]] const Layout& layout() const noexcept { return layout_; }
@@ -287,7 +293,6 @@ class basic_exchanger : private detail::iteration_state {
   }
 
   // ---- auto-tuner (Fusion<Auto>, gflow/detail/exchanger/tuner.hpp) --------------------------------------------------
-  static constexpr bool autotuned = requires { requires Set::fusion::autotuned; };
   /// The tuner (Fusion<Auto> only): its phase, fitted alpha-beta and retune count.
   [[nodiscard]] const fusion_tuner& tuner() const noexcept
     requires autotuned
@@ -319,9 +324,7 @@ class basic_exchanger : private detail::iteration_state {
   static Layout verified(T& t, Layout layout, const exchange_options& opt) {
     if (opt.verify)
       detail::verify_consistency(t, layout, detail::composition_name<Set>(),
-                                 {opt.threshold_bytes.value_or(Set::fusion::threshold_bytes),
-                                  opt.first_bucket_bytes.value_or(Set::fusion::first_bucket_bytes), opt.average, opt.find_unused,
-                                  opt.learn_order, opt.uneven_inputs});
+                                 {opt.average, opt.find_unused, opt.learn_order, opt.uneven_inputs});
     if constexpr (sharded) detail::sharding_rules::refuse_options(opt);  // after the check: every rank refuses alike
     return layout;
   }
@@ -334,10 +337,7 @@ class basic_exchanger : private detail::iteration_state {
 
   void between_iterations(const char* what) const { iteration_state::between_iterations(layout_, what); }
 
-  void plan(std::size_t threshold, std::size_t first, bool allow_zero) {
-    if (threshold == 0 && !allow_zero)
-      throw invalid_argument("threshold_bytes", "the fusion threshold must be positive (got 0).",
-                             "pass a byte count such as 4 << 20; to exchange one collective per tensor, leave Fusion out.");
+  void plan(std::size_t threshold, std::size_t first) {
     threshold_ = threshold;
     first_bucket_ = first;
     buckets_ = detail::plan::plan_buckets(layout_, pool_, {sizeof(wire_t), threshold, first});
@@ -402,8 +402,13 @@ class basic_exchanger : private detail::iteration_state {
     tuned_mark_ = trace_->size();
     apply(tuner_->step(*t_, sample_, buckets_.size()));
   }
+  void replan_fusion(std::size_t threshold, std::size_t first) {
+    plan(threshold, first);
+    sparsifier_->replan();
+    runner_->replan();
+  }
   void apply(const detail::fusion_plan& p) {
-    if (p.threshold != threshold_ || p.first != first_bucket_) set_fusion(p.threshold, p.first);
+    if (p.threshold != threshold_ || p.first != first_bucket_) replan_fusion(p.threshold, p.first);
     if constexpr (detail::switched_topology<engine_t>)
       if (p.hybrid_switch != engine_.threshold()) engine_.set_threshold(p.hybrid_switch);
   }

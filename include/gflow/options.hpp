@@ -3,15 +3,13 @@
 // returns (exchange_status), for gflow::Exchanger (exchanger.hpp).
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 namespace gflow {
 
-/// Run-time settings. Fusion numbers given here override the Fusion policy's (auto-tuning).
+/// Run-time settings, fixed at construction and the same on every rank (the fusion plan is the
+/// Fusion policy's; Exchanger::set_fusion re-plans it between iterations).
 struct exchange_options {
-  std::optional<std::size_t> threshold_bytes;
-  std::optional<std::size_t> first_bucket_bytes;
   bool average = true;  // false: leave the sum of the ranks' gradients
   // Compare layout, policies and the options above across ranks at construction (one small
   // all_gather); a difference raises mismatch_error on every rank instead of a hang. Must be

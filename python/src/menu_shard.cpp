@@ -3,5 +3,5 @@
 
 GFLOW_PYTHON_COMPOSITION(shard, gflow::Sharding<gflow::ReduceScatter>);
 GFLOW_PYTHON_COMPOSITION(fusion_shard, gflow::Fusion<4 << 20>, gflow::Sharding<gflow::ReduceScatter>);
-GFLOW_PYTHON_COMPOSITION(fp16_fusion_shard_funneled, gflow::Precision<gflow::wire::fp16>, gflow::Fusion<4 << 20>, gflow::Overlap<gflow::Funneled>,
+GFLOW_PYTHON_COMPOSITION(fp16_fusion_shard_funneled, gflow::Precision<gflow::half>, gflow::Fusion<4 << 20>, gflow::Overlap<gflow::Funneled>,
                          gflow::Sharding<gflow::ReduceScatter>);

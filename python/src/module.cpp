@@ -191,10 +191,11 @@ PYBIND11_MODULE(_gflow, m) {
              o.learn_order = learn_order;
              o.uneven_inputs = uneven_inputs;
              o.average = average;
-             o.threshold_bytes = threshold_bytes;
              mpi::transport& t = comm();
-             py::gil_scoped_release nogil;  // collective (the consistency check)
-             return exchanger{e.make(t, Layout(tensors), o), nullptr};
+             py::gil_scoped_release nogil;  // collective (the consistency check; set_fusion's)
+             exchanger ex{e.make(t, Layout(tensors), o), nullptr};
+             if (threshold_bytes) ex.port->set_fusion(*threshold_bytes);
+             return ex;
            }),
            py::arg("composition"), py::arg("names"), py::arg("shapes"), py::arg("find_unused") = false, py::arg("learn_order") = false,
            py::arg("uneven_inputs") = false, py::arg("average") = true, py::arg("threshold_bytes") = py::none())

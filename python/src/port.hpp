@@ -44,6 +44,8 @@ class port {
   [[nodiscard]] virtual std::string save_state() const = 0;
   virtual void load_state(const std::string& bytes) = 0;
   virtual void set_timeline(timeline* tl) = 0;
+  /// Exchanger::set_fusion (refused with usage_error by a "fusion=auto" composition).
+  virtual void set_fusion(std::size_t threshold_bytes) = 0;
   /// Bucket b: [first, first + count) elements of the pool.
   [[nodiscard]] virtual std::vector<std::pair<std::size_t, std::size_t>> buckets() const = 0;
   /// CSC: the chunks exchanged in the last iteration and the chunk size (empty / 0 otherwise).
@@ -83,7 +85,7 @@ struct menu_entry {
 [[nodiscard]] std::string number_name(double v);           // shortest round-trip form
 
 namespace detail {
-template <class W> inline std::string precision_token() { return W::name == std::string_view("fp32") ? "" : std::string(W::name); }
+template <class W> inline std::string precision_token() { return std::is_same_v<W, float> ? "" : std::string(wire_name<W>); }
 template <class F>
 std::string fusion_token() {
   if constexpr (requires { F::autotuned; })
@@ -96,7 +98,7 @@ std::string fusion_token() {
 }
 template <class S>
 std::string scheme_token() {
-  if constexpr (std::is_same_v<S, Dense>) return "";
+  if constexpr (std::is_same_v<S, gflow::detail::dense_scheme>) return "";
   else if constexpr (requires { S::chunk_elems; S::percent; }) return "csc=" + std::to_string(S::chunk_elems) + ":" + std::to_string(S::percent);
   else if constexpr (requires { S::density; S::global; }) return std::string(S::global ? "gtopk=" : "topk=") + number_name(S::density);
   else return "custom_sparsifier";
@@ -126,7 +128,7 @@ std::string overlap_token() {
 template <class Set>
 std::string composition_name() {
   std::string out;
-  for (const std::string& t : {detail::precision_token<typename Set::precision::format>(), detail::fusion_token<typename Set::fusion>(),
+  for (const std::string& t : {detail::precision_token<typename Set::precision::wire_type>(), detail::fusion_token<typename Set::fusion>(),
                                detail::scheme_token<typename Set::sparsifier::scheme>(), detail::topology_token<typename Set::topology::algorithm>(),
                                detail::overlap_token<typename Set::overlap::strategy>(), detail::sharding_token<typename Set::sharding>()})
     if (!t.empty()) out += (out.empty() ? "" : "+") + t;
@@ -176,6 +178,13 @@ class port_for final : public port {
     ex_.load_state(in);
   }
   void set_timeline(timeline* tl) override { ex_.set_timeline(tl); }
+  void set_fusion(std::size_t threshold_bytes) override {
+    if constexpr (exchanger_t::autotuned)
+      throw usage_error("threshold_bytes", "this composition's fusion plan is the auto-tuner's ('fusion=auto').",
+                        "leave threshold_bytes out with 'fusion=auto', or pick a composition with a fixed 'fusion=<bytes>'.");
+    else
+      ex_.set_fusion(threshold_bytes);
+  }
   std::vector<std::pair<std::size_t, std::size_t>> buckets() const override {
     std::vector<std::pair<std::size_t, std::size_t>> out;
     for (const auto& b : ex_.buckets()) out.emplace_back(b.offset, b.count);

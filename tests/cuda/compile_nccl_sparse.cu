@@ -6,7 +6,7 @@
 
 namespace gflow_compile {
 using T = gflow::nccl::transport;
-using fp16 = gflow::Precision<gflow::wire::fp16>;
+using fp16 = gflow::Precision<gflow::half>;
 using topk_ex = gflow::Exchanger<gflow::Sparsifier<gflow::TopK<0.01>>, fp16>::on<T>;
 using gtopk_ex = gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.001>>, fp16>::on<T>;
 using csc_ex = gflow::Exchanger<gflow::Sparsifier<gflow::CSC<4096, 1>>, fp16>::on<T>;

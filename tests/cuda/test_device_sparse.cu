@@ -159,16 +159,16 @@ void compare(int P, const char* scheme, const char* wire) {
 
 template <class Scheme, class... More>
 void every_wire(int P, const char* name) {
-  compare<Scheme, gflow::wire::fp32, More...>(P, name, "fp32");
-  compare<Scheme, gflow::wire::fp16, More...>(P, name, "fp16");
-  compare<Scheme, gflow::wire::bf16, More...>(P, name, "bf16");
+  compare<Scheme, float, More...>(P, name, "fp32");
+  compare<Scheme, gflow::half, More...>(P, name, "fp16");
+  compare<Scheme, gflow::bfloat16, More...>(P, name, "bf16");
 }
 
 }  // namespace
 
 GFLOW_CUDA_TEST("device", device_exchanges_equal_host_exchanges_bitwise) {
   for (int P = 1; P <= 4; ++P) {
-    every_wire<gflow::Dense>(P, "Dense");
+    every_wire<gflow::None>(P, "Dense");
     every_wire<gflow::CSC<1024, 25>>(P, "CSC");
     every_wire<gflow::TopK<0.01>>(P, "TopK");
     every_wire<gflow::GTopK<0.01>>(P, "GTopK");

@@ -315,7 +315,7 @@ void exchange_on_every_device(const char* label) {
         }
         // Exact when P is a power of two; otherwise the 16-bit wire rounds the 1/P shares.
         // (NCCL also rounds each partial sum to the wire type.)
-        const double tol = (std::is_same_v<Wire, gflow::wire::fp32> ? 1e-6 : std::is_same_v<Wire, gflow::wire::fp16> ? 1e-2 : 5e-2) * P;
+        const double tol = (std::is_same_v<Wire, float> ? 1e-6 : std::is_same_v<Wire, gflow::half> ? 1e-2 : 5e-2) * P;
         EXPECT_MSG(worst <= tol, std::string(label) + ": rank " + std::to_string(r) + " max error " + std::to_string(worst));
         results[static_cast<std::size_t>(r)] = std::move(pool);
       } else {
@@ -331,9 +331,9 @@ void exchange_on_every_device(const char* label) {
 
 }  // namespace
 
-GFLOW_CUDA_TEST("nccl", exchanger_fp32_wire) { exchange_on_every_device<gflow::wire::fp32>("fp32"); }
-GFLOW_CUDA_TEST("nccl", exchanger_fp16_wire) { exchange_on_every_device<gflow::wire::fp16>("fp16"); }
-GFLOW_CUDA_TEST("nccl", exchanger_bf16_wire) { exchange_on_every_device<gflow::wire::bf16>("bf16"); }
+GFLOW_CUDA_TEST("nccl", exchanger_fp32_wire) { exchange_on_every_device<float>("fp32"); }
+GFLOW_CUDA_TEST("nccl", exchanger_fp16_wire) { exchange_on_every_device<gflow::half>("fp16"); }
+GFLOW_CUDA_TEST("nccl", exchanger_bf16_wire) { exchange_on_every_device<gflow::bfloat16>("bf16"); }
 
 namespace {
 
@@ -420,7 +420,7 @@ void oktopk_nccl_equals_host(const char* label) {
 
 GFLOW_CUDA_TEST("nccl", oktopk_exchanger_equals_host) {
   oktopk_nccl_equals_host<gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.01>>>>("OkTopK fp32");
-  oktopk_nccl_equals_host<gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.01>>, gflow::Precision<gflow::wire::fp16>>>("OkTopK fp16");
-  oktopk_nccl_equals_host<gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.005>>, gflow::Fusion<(64 << 10)>, gflow::Precision<gflow::wire::bf16>>>(
+  oktopk_nccl_equals_host<gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.01>>, gflow::Precision<gflow::half>>>("OkTopK fp16");
+  oktopk_nccl_equals_host<gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.005>>, gflow::Fusion<(64 << 10)>, gflow::Precision<gflow::bfloat16>>>(
       "OkTopK fused bf16");
 }

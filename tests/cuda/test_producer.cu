@@ -26,7 +26,7 @@ __global__ void slow_fill(float* p, std::size_t n, float v, long long spin_cycle
 
 GFLOW_CUDA_TEST("nccl", producer_stream_orders_the_copy_and_the_exchange) {
   using transport = gflow::nccl::transport;
-  using Ex = typename gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<(1 << 20)>>::template on<transport>;
+  using Ex = typename gflow::Exchanger<gflow::Precision<gflow::half>, gflow::Fusion<(1 << 20)>>::template on<transport>;
   auto ranks = transport::init_all(1);
   transport& t = ranks[0];
   ok(cudaSetDevice(t.device()), "cudaSetDevice");

@@ -230,7 +230,7 @@ TEST_CASE("CSC conservation: fed == applied + held + decayed over 1000+ random i
   CHECK(worst <= 1e-5);
 }
 
-TEST_CASE_TEMPLATE("CSC with a 16-bit wire keeps the encoding's rounding error in the history (issue 10's reproduction)", W, wire::fp16, wire::bf16) {
+TEST_CASE_TEMPLATE("CSC with a 16-bit wire keeps the encoding's rounding error in the history (issue 10's reproduction)", W, half, bfloat16) {
   // Two ranks each feed four copies of 1 + 2^-11, which neither fp16 nor bf16 represents: the
   // wire carries 1 (a tie, to even), and the 2^-11 stays in each rank's history instead of
   // being lost (applied 8, held 0, fed 8 + 2^-8 before the fix).
@@ -325,7 +325,7 @@ void exact_16bit_conservation(int P, bool average, std::uint64_t seed) {
 }
 }  // namespace
 
-TEST_CASE_TEMPLATE("CSC with a 16-bit wire: fed == applied + held exactly, P = 2 and 3, averaging on and off", W, wire::fp16, wire::bf16) {
+TEST_CASE_TEMPLATE("CSC with a 16-bit wire: fed == applied + held exactly, P = 2 and 3, averaging on and off", W, half, bfloat16) {
   for (bool average : {false, true}) {
     exact_16bit_conservation<W>(2, average, 21);
     exact_16bit_conservation<W>(3, average, 22);
@@ -384,11 +384,11 @@ TEST_CASE("CSC momentum correction: the history follows hg = m (g + hg) on kept-
 
 // ---- edge cases --------------------------------------------------------------------------------
 
-TEST_CASE_TEMPLATE("CSC with percent 100 equals the Dense exchange bit for bit", W, wire::fp32, wire::fp16, wire::bf16) {
+TEST_CASE_TEMPLATE("CSC with percent 100 equals the Dense exchange bit for bit", W, float, half, bfloat16) {
   // With a 16-bit wire CSC keeps the encoding's rounding error in its history and sends it with
   // the next iteration: Dense is fed the same accumulated gradient (pool + history, added in fp32
   // as CSC's compaction does). With fp32 the history stays 0 and both are fed the same values.
-  using wt = typename W::type;
+  using wt = W;
   constexpr bool narrow = sizeof(wt) < sizeof(float);
   auto l = Layout::from_sizes({1000, 3, 257, 4096, 1, 77});
   for (int P : {1, 3, 4}) {

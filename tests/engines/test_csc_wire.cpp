@@ -92,13 +92,13 @@ TEST_CASE("CSC on the mock: one norm allreduce per sparse iteration, chunk allre
   // 68 elements, chunks of 8: 9 chunks, the last with 4 elements.
   auto l = Layout::from_sizes({10, 20, 5, 30, 3});
   SUBCASE("fp32, no Fusion, warm-up 2") { check_wire<Exchanger<Sparsifier<CSC<8, 25>>>>(l, 2, 12, 25); }
-  SUBCASE("fp16, no Fusion, warm-up 0") { check_wire<Exchanger<Precision<wire::fp16>, Sparsifier<CSC<8, 25>>>>(l, 0, 12, 40); }
-  SUBCASE("fp16, Fusion 40 B") { check_wire<Exchanger<Fusion<40>, Precision<wire::fp16>, Sparsifier<CSC<8, 25>>>>(l, 1, 12, 60); }
+  SUBCASE("fp16, no Fusion, warm-up 0") { check_wire<Exchanger<Precision<half>, Sparsifier<CSC<8, 25>>>>(l, 0, 12, 40); }
+  SUBCASE("fp16, Fusion 40 B") { check_wire<Exchanger<Fusion<40>, Precision<half>, Sparsifier<CSC<8, 25>>>>(l, 1, 12, 60); }
   SUBCASE("fp32, Fusion larger than the pool: one chunk allreduce at the end") {
     check_wire<Exchanger<Fusion<1 << 20>, Sparsifier<CSC<8, 25>>>>(l, 3, 10, 25);
   }
   SUBCASE("bf16, chunk larger than the pool: one chunk, never sparse, no norm collective") {
-    check_wire<Exchanger<Precision<wire::bf16>, Sparsifier<CSC<1000, 10>>>>(l, 0, 5, 10);
+    check_wire<Exchanger<Precision<bfloat16>, Sparsifier<CSC<1000, 10>>>>(l, 0, 5, 10);
   }
   SUBCASE("chunk of one element") { check_wire<Exchanger<Sparsifier<CSC<1, 5>>, Fusion<64>>>(l, 1, 8, 5); }
 }

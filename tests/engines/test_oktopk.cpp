@@ -54,14 +54,13 @@ void check_oktopk_on(int P, const Layout& l, int iters, Gfn gfn, double density,
   using W = typename E::template on<inproc::transport>::wire_type;
   exchange_options o;
   o.average = average;
-  if (threshold) o.threshold_bytes = threshold;
   auto tr = run_ranks<E>(
       P, l, iters, gfn,
       [&](auto& ex) {
         ex.sparsifier().set_density(density);
         ex.sparsifier().set_params(prm);
       },
-      o);
+      o, threshold);
   const std::size_t total = l.total_numel();
   oktopk_reference<W> ref(P, average, prm, units_of(l, threshold, sizeof(W)), total);
   for (int it = 0; it < iters; ++it) {
@@ -163,8 +162,8 @@ TEST_CASE("in-process: OkTopK equals the reference bitwise (results, residuals, 
       CAPTURE(mode);
       check_oktopk<Exchanger<Sparsifier<OkTopK<0.02>>>>(P, l, 14, mode, 0.02, 0, short_periods());
       check_oktopk<Exchanger<Sparsifier<OkTopK<0.02>>>>(P, l, 14, mode, 0.05, 2048, short_periods());
-      check_oktopk<Exchanger<Sparsifier<OkTopK<0.02>>, Precision<wire::fp16>>>(P, l, 10, mode, 0.03, 0, short_periods());
-      check_oktopk<Exchanger<Sparsifier<OkTopK<0.02>>, Precision<wire::bf16>>>(P, l, 8, mode, 0.03, 4096, short_periods(), false);
+      check_oktopk<Exchanger<Sparsifier<OkTopK<0.02>>, Precision<half>>>(P, l, 10, mode, 0.03, 0, short_periods());
+      check_oktopk<Exchanger<Sparsifier<OkTopK<0.02>>, Precision<bfloat16>>>(P, l, 8, mode, 0.03, 4096, short_periods(), false);
     }
     check_oktopk<Exchanger<Sparsifier<OkTopK<0.01>>>>(P, l, 40, 0, 0.01, 0, detail::oktopk_params{});  // the defaults
   }
@@ -189,7 +188,7 @@ TEST_CASE("in-process: every rank selects the same indices; OkTopK adds each ind
     }
     CHECK(order_matters > 0);
     check_oktopk_on<Exchanger<Sparsifier<OkTopK<0.01>>>>(P, l, 8, gfn, 0.01, 0, short_periods());
-    check_oktopk_on<Exchanger<Sparsifier<OkTopK<0.01>>, Precision<wire::fp16>>>(P, l, 8, gfn, 0.01, 0, short_periods());
+    check_oktopk_on<Exchanger<Sparsifier<OkTopK<0.01>>, Precision<half>>>(P, l, 8, gfn, 0.01, 0, short_periods());
   }
 }
 
@@ -233,11 +232,10 @@ void conservation_bitwise(int P, bool average, std::size_t threshold) {
   const std::size_t n = l.total_numel();
   exchange_options o;
   o.average = average;
-  if (threshold) o.threshold_bytes = threshold;
   auto gfn = [](int r, std::size_t i, int it) { return static_cast<float>(static_cast<int>(grad(0, r, i, it) * 64.0f)) / 8.0f; };
   const int iters = 20;
   auto tr = run_ranks<E>(
-      P, l, iters, gfn, [](auto& ex) { ex.sparsifier().set_params(short_periods()); }, o);
+      P, l, iters, gfn, [](auto& ex) { ex.sparsifier().set_params(short_periods()); }, o, threshold);
   for (std::size_t i = 0; i < n; ++i) {
     double fed = 0, applied = 0, held = 0;
     for (int it = 0; it < iters; ++it) {
@@ -256,7 +254,7 @@ TEST_CASE("conservation: OkTopK fed = applied + held exactly on dyadic inputs (f
     CAPTURE(P);
     conservation_bitwise<Exchanger<Sparsifier<OkTopK<0.02>>>>(P, true, 0);
     conservation_bitwise<Exchanger<Sparsifier<OkTopK<0.02>>>>(P, false, 1024);
-    conservation_bitwise<Exchanger<Sparsifier<OkTopK<0.02>>, Precision<wire::fp16>>>(P, true, 2048);
+    conservation_bitwise<Exchanger<Sparsifier<OkTopK<0.02>>, Precision<half>>>(P, true, 2048);
   }
 }
 
@@ -268,8 +266,8 @@ TEST_CASE("conservation: OkTopK over random layouts, ranks, fusion and schedules
     for (auto& s : sizes) s = 1 + rng() % (rng() % 4 == 0 ? 3000 : 200);
     auto l = Layout::from_sizes(sizes);
     const std::size_t n = l.total_numel();
-    exchange_options o;
-    if (rng() % 2) o.threshold_bytes = 64 + rng() % 4096;
+    std::size_t fusion = 0;
+    if (rng() % 2) fusion = 64 + rng() % 4096;
     const double d = 0.002 + static_cast<double>(rng() % 200) / 1000.0;
     const std::uint64_t gseed = rng();
     auto gfn = [&](int r, std::size_t i, int it) { return grad(0, r, i, it, gseed) * (1.0f + static_cast<float>(i % 7)); };
@@ -280,7 +278,7 @@ TEST_CASE("conservation: OkTopK over random layouts, ranks, fusion and schedules
           ex.sparsifier().set_density(d);
           ex.sparsifier().set_params(short_periods());
         },
-        o);
+        {}, fusion);
     std::size_t bad = 0;
     for (std::size_t i = 0; i < n; ++i) {
       double fed = 0, applied = 0, held = 0, mag = 0;
@@ -825,8 +823,8 @@ TEST_CASE("an OkTopK iteration allocates nothing once warm, re-estimation iterat
     CAPTURE(P);
     check(oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>>>(P, l, 6, 10, constant));
     check(oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>, Fusion<4096>>>(P, l, 6, 10, growing, 8));
-    check(oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>, Precision<wire::fp16>>>(P, l, 6, 10, growing));
-    check(oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>, Fusion<4096>, Precision<wire::bf16>>>(P, l, 6, 10, constant));
+    check(oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>, Precision<half>>>(P, l, 6, 10, growing));
+    check(oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>, Fusion<4096>, Precision<bfloat16>>>(P, l, 6, 10, constant));
     // a checkpoint saved before the first estimate, loaded after the warm-up: its units hold no
     // boundaries, and estimating them (and the global cut's full-range search) must not allocate either
     const auto reloaded = oktopk_allocations<Exchanger<Sparsifier<OkTopK<0.02>>, Fusion<4096>>>(P, l, 6, 10, constant, 4, true);

@@ -40,8 +40,8 @@ TEST_CASE("in-process: GTopK equals the brute-force tree reference bitwise (resu
   }
   check_against_reference<Exchanger<Sparsifier<GTopK<0.05>>>>(6, l, 3, 1, 0.03);                  // ties
   check_against_reference<Exchanger<Sparsifier<GTopK<0.05>>, Fusion<256>>>(5, l, 3, 0, 0.1, 256);  // per bucket
-  check_against_reference<Exchanger<Sparsifier<GTopK<0.05>>, Precision<wire::fp16>>>(7, l, 3, 0, 0.05);
-  check_against_reference<Exchanger<Sparsifier<GTopK<0.05>>, Precision<wire::bf16>, Fusion<128>>>(3, l, 3, 1, 0.2, 128);
+  check_against_reference<Exchanger<Sparsifier<GTopK<0.05>>, Precision<half>>>(7, l, 3, 0, 0.05);
+  check_against_reference<Exchanger<Sparsifier<GTopK<0.05>>, Precision<bfloat16>, Fusion<128>>>(3, l, 3, 1, 0.2, 128);
 }
 
 TEST_CASE("in-process: TopK equals the dense sum of every rank's top-k, bitwise, P = 1..16") {
@@ -52,7 +52,7 @@ TEST_CASE("in-process: TopK equals the dense sum of every rank's top-k, bitwise,
   }
   check_against_reference<Exchanger<Sparsifier<TopK<0.05>>>>(5, l, 3, 1, 0.02);
   check_against_reference<Exchanger<Sparsifier<TopK<0.05>>, Fusion<200>>>(4, l, 3, 0, 0.1, 200);
-  check_against_reference<Exchanger<Sparsifier<TopK<0.05>>, Precision<wire::fp16>>>(6, l, 3, 0, 0.05);
+  check_against_reference<Exchanger<Sparsifier<TopK<0.05>>, Precision<half>>>(6, l, 3, 0, 0.05);
 }
 
 TEST_CASE("in-process: TopK result cross-checked in float64 against the dense sum of each rank's brute-force top-k") {
@@ -88,7 +88,8 @@ int conservation_runs(std::uint64_t seed, int configs, int iters_each) {
     auto l = Layout::from_sizes(sizes);
     const std::size_t n = l.total_numel();
     exchange_options o;
-    if (rng() % 2) o.threshold_bytes = 64 + rng() % 4096;
+    std::size_t fusion = 0;
+    if (rng() % 2) fusion = 64 + rng() % 4096;
     o.average = rng() % 4 != 0;
     const int mode = static_cast<int>(rng() % 3 == 0 ? 1 : 0);
     std::vector<gflow::detail::plan::density_step> steps;
@@ -101,7 +102,7 @@ int conservation_runs(std::uint64_t seed, int configs, int iters_each) {
     const std::uint64_t gseed = rng();
     auto gfn = [&](int r, std::size_t i, int it) { return grad(mode, r, i, it, gseed) * (1.0f + static_cast<float>(i % 7)); };
     auto tr = run_ranks<E>(
-        P, l, iters_each, gfn, [&](auto& ex) { ex.sparsifier().set_schedule(sched); }, o);
+        P, l, iters_each, gfn, [&](auto& ex) { ex.sparsifier().set_schedule(sched); }, o, fusion);
     std::vector<double> fed(n, 0.0), applied(n, 0.0), scale(n, 0.0);
     for (int it = 0; it < iters_each; ++it) {
       for (int q = 0; q < P; ++q)
@@ -137,16 +138,16 @@ int conservation_runs(std::uint64_t seed, int configs, int iters_each) {
 TEST_CASE("conservation: fed = applied + residual over 1000+ random iterations, TopK") {
   int iters = 0;
   iters += conservation_runs<Exchanger<Sparsifier<TopK<0.01>>>>(1, 20, 25);
-  iters += conservation_runs<Exchanger<Sparsifier<TopK<0.01>>, Precision<wire::fp16>>>(2, 10, 25);
-  iters += conservation_runs<Exchanger<Sparsifier<TopK<0.01>>, Precision<wire::bf16>>>(3, 10, 25);
+  iters += conservation_runs<Exchanger<Sparsifier<TopK<0.01>>, Precision<half>>>(2, 10, 25);
+  iters += conservation_runs<Exchanger<Sparsifier<TopK<0.01>>, Precision<bfloat16>>>(3, 10, 25);
   CHECK(iters >= 1000);
 }
 
 TEST_CASE("conservation: fed = applied + residual over 1000+ random iterations, GTopK") {
   int iters = 0;
   iters += conservation_runs<Exchanger<Sparsifier<GTopK<0.01>>>>(4, 20, 25);
-  iters += conservation_runs<Exchanger<Sparsifier<GTopK<0.01>>, Precision<wire::fp16>>>(5, 10, 25);
-  iters += conservation_runs<Exchanger<Sparsifier<GTopK<0.01>>, Precision<wire::bf16>>>(6, 10, 25);
+  iters += conservation_runs<Exchanger<Sparsifier<GTopK<0.01>>, Precision<half>>>(5, 10, 25);
+  iters += conservation_runs<Exchanger<Sparsifier<GTopK<0.01>>, Precision<bfloat16>>>(6, 10, 25);
   CHECK(iters >= 1000);
 }
 
@@ -160,8 +161,8 @@ TEST_CASE("in-process: units above the sampling size (the one-pass selection) eq
   check_against_reference<Exchanger<Sparsifier<TopK<0.01>>>>(2, l, 2, 1, 0.01);  // ties
   check_against_reference<Exchanger<Sparsifier<GTopK<0.01>>>>(3, l, 2, 1, 0.01);
   check_against_reference<Exchanger<Sparsifier<TopK<0.01>>, Fusion<160000>>>(3, l, 2, 0, 0.01, 160000);  // per bucket
-  check_against_reference<Exchanger<Sparsifier<GTopK<0.01>>, Fusion<160000>, Precision<wire::fp16>>>(3, l, 2, 0, 0.01, 160000);
-  check_against_reference<Exchanger<Sparsifier<TopK<0.01>>, Precision<wire::bf16>>>(2, l, 2, 0, 0.005);
+  check_against_reference<Exchanger<Sparsifier<GTopK<0.01>>, Fusion<160000>, Precision<half>>>(3, l, 2, 0, 0.01, 160000);
+  check_against_reference<Exchanger<Sparsifier<TopK<0.01>>, Precision<bfloat16>>>(2, l, 2, 0, 0.005);
 }
 
 TEST_CASE_TEMPLATE("engine: the one-pass selection runs on large units and leaves the pool untouched until the result", S, TopK<0.01>, GTopK<0.01>) {

@@ -61,7 +61,7 @@ TEST_CASE("mock: TopK does exactly one all_gather of k packed pairs per selectio
   }
   SUBCASE("fusion: one selection and one all_gather per bucket, k per bucket, 16-bit values") {
     mock::transport m(3);
-    on_mock<Exchanger<Sparsifier<TopK<0.05>>, Fusion<2048>, Precision<wire::fp16>>> ex(m, l);
+    on_mock<Exchanger<Sparsifier<TopK<0.05>>, Fusion<2048>, Precision<half>>> ex(m, l);
     for (std::size_t i = 0; i < l.size(); ++i) ex.ready(i);
     (void)ex.finish();
     const auto ag = m.calls().of(mock::op::all_gather);
@@ -418,7 +418,7 @@ TEST_CASE_TEMPLATE("an iteration allocates nothing (mock transport, reserved log
   auto count_iterations = [&](auto& ex, mock::transport& m, int iters) { return gflow_test::allocations_in(ex, m, l, iters); };
   {
     mock::transport m(6, 0);
-    on_mock<Exchanger<Sparsifier<S>, Fusion<4096>, Precision<wire::fp16>>> ex(m, l);
+    on_mock<Exchanger<Sparsifier<S>, Fusion<4096>, Precision<half>>> ex(m, l);
     CHECK(count_iterations(ex, m, 5) == 0);
   }
   {
@@ -436,7 +436,7 @@ TEST_CASE_TEMPLATE("an iteration allocates nothing on the one-pass path either (
   auto count_iterations = [&](auto& ex, mock::transport& m, int iters) { return gflow_test::allocations_in(ex, m, l, iters); };
   {
     mock::transport m(6, 0);
-    on_mock<Exchanger<Sparsifier<S>, Fusion<80000>, Precision<wire::fp16>>> ex(m, l);
+    on_mock<Exchanger<Sparsifier<S>, Fusion<80000>, Precision<half>>> ex(m, l);
     for (std::size_t i = 0; i < l.total_numel(); ++i) ex.pool_data()[i] = grad(0, 0, i, 0);
     CHECK(count_iterations(ex, m, 3) == 0);
     CHECK(ex.sparsifier().paths().candidates > 0);

@@ -197,7 +197,7 @@ TEST_CASE("mock: the Exchanger routes every bucket through Hybrid, by the bucket
   // fp16 wire: the threshold counts wire bytes, so 200 elements (400 B) now go ring and the
   // hierarchical phases carry f16.
   auto m2 = played_rank(4, 0, 2);
-  Exchanger<Precision<wire::fp16>, Topology<Hybrid<401, 2>>>::on<mock_t> ex2(m2, l);
+  Exchanger<Precision<half>, Topology<Hybrid<401, 2>>>::on<mock_t> ex2(m2, l);
   m2.calls().clear();
   for (std::size_t i = 0; i < l.size(); ++i) ex2.ready(i);
   (void)ex2.finish();
@@ -314,7 +314,7 @@ void check_against_ring_int(int P, const Layout& l) {
 /// Real-valued inputs: within rounding of the ring (each side's sum is off the exact one by at
 /// most (P-1) u sum|g|), and bitwise identical across ranks.
 /// `floor`: the largest rounding error of one subnormal result of the wire type.
-template <class Topo, class Fuse, class Prec = Precision<wire::fp32>>
+template <class Topo, class Fuse, class Prec = Precision<float>>
 void check_against_ring_real(int P, const Layout& l, double u, double floor) {
   using H = Exchanger<Prec, Fuse, Topology<Topo>>;
   using R = Exchanger<Prec, Fuse>;
@@ -368,9 +368,9 @@ TEST_CASE("in-process: Hierarchical within rounding of the ring on real inputs, 
   for (int P : {2, 5, 7, 9}) {
     CAPTURE(P);
     check_against_ring_real<Hierarchical<2>, Fusion<1024>>(P, l, 0x1p-24, 0x1p-150);
-    if (P >= 3) check_against_ring_real<Hierarchical<3>, NoFusion>(P, l, 0x1p-24, 0x1p-150);
+    if (P >= 3) check_against_ring_real<Hierarchical<3>, detail::no_fusion>(P, l, 0x1p-24, 0x1p-150);
     // fp16 wire: each phase rounds to fp16 once (the in-process sum rounds once per collective).
-    check_against_ring_real<Hierarchical<2>, Fusion<1024>, Precision<wire::fp16>>(P, l, 0x1p-11, 0x1p-25);
+    check_against_ring_real<Hierarchical<2>, Fusion<1024>, Precision<half>>(P, l, 0x1p-11, 0x1p-25);
   }
 }
 
@@ -379,8 +379,8 @@ TEST_CASE("in-process: Hybrid equals the ring bit for bit on integer inputs, on 
   const auto l = Layout::from_sizes(grid_sizes());
   for (int P = 1; P <= 9; ++P) {
     CAPTURE(P);
-    if (P >= 2) check_against_ring_int<Hybrid<512, 2>, NoFusion>(P, l);
-    if (P >= 3) check_against_ring_int<Hybrid<512, 3>, NoFusion>(P, l);
+    if (P >= 2) check_against_ring_int<Hybrid<512, 2>, detail::no_fusion>(P, l);
+    if (P >= 3) check_against_ring_int<Hybrid<512, 3>, detail::no_fusion>(P, l);
     check_against_ring_int<Hybrid<2048, 1>, Fusion<1024>>(P, l);
   }
 }

@@ -138,7 +138,7 @@ void resume_matrix(const std::function<void(on_inproc<E>&)>& configure, std::ini
 
 // ---- bitwise resume ----------------------------------------------------------------------------
 
-TEST_CASE_TEMPLATE("checkpoint: Dense resumes bitwise; the run-time fusion numbers come back with the load", W, wire::fp32, wire::fp16) {
+TEST_CASE_TEMPLATE("checkpoint: Dense resumes bitwise; the run-time fusion numbers come back with the load", W, float, half) {
   using E = Exchanger<Precision<W>, Fusion<1024>>;
   resume_matrix<E>([](auto& ex) { ex.set_fusion(8000, 300); }, {1, 4});
   // The restored buckets are the saved ones, not the policy's.
@@ -156,7 +156,7 @@ TEST_CASE_TEMPLATE("checkpoint: Dense resumes bitwise; the run-time fusion numbe
   });
 }
 
-TEST_CASE_TEMPLATE("checkpoint: CSC with warm-up, ramp and momentum resumes bitwise (saved in warm-up, ramp and after)", W, wire::fp32, wire::fp16) {
+TEST_CASE_TEMPLATE("checkpoint: CSC with warm-up, ramp and momentum resumes bitwise (saved in warm-up, ramp and after)", W, float, half) {
   auto configure = [](auto& ex) {
     ex.sparsifier().set_warmup(2, 3);  // dense 0-1, ramp 2-4, then 20%
     ex.sparsifier().set_momentum(0.9f);
@@ -187,7 +187,7 @@ TEST_CASE_TEMPLATE("checkpoint: CSC with warm-up, ramp and momentum resumes bitw
   });
 }
 
-TEST_CASE_TEMPLATE("checkpoint: TopK and GTopK with a density schedule resume bitwise", W, wire::fp32, wire::fp16) {
+TEST_CASE_TEMPLATE("checkpoint: TopK and GTopK with a density schedule resume bitwise", W, float, half) {
   auto configure = [](auto& ex) { ex.sparsifier().set_schedule(gflow::detail::plan::density_schedule::per_iteration({{2, 0.5}, {5, 0.2}}, 0.05)); };
   resume_matrix<Exchanger<Precision<W>, Sparsifier<TopK<0.01>>>>(configure, {1, 3, 6});
   resume_matrix<Exchanger<Precision<W>, Fusion<2048>, Sparsifier<GTopK<0.01>>>>(configure, {1, 3, 6});
@@ -342,7 +342,7 @@ TEST_CASE("checkpoint errors: another layout names the first differing tensor; a
       CHECK(contains(msg, "GTopK<"));
     }
     {
-      on_inproc<Exchanger<Precision<wire::fp16>, Sparsifier<TopK<0.05>>>> other(t, test_layout());
+      on_inproc<Exchanger<Precision<half>, Sparsifier<TopK<0.05>>>> other(t, test_layout());
       CHECK(contains(load_fails<mismatch_error>(other, file), "in 'composition'"));
     }
   });

@@ -60,7 +60,7 @@ TEST_CASE("consistency: identical ranks pass with one all_gather of the header (
   REQUIRE(ctl.size() == 1);
   CHECK(ctl[0].kind == mock::op::all_gather);
   CHECK(ctl[0].type == dtype::u64);
-  CHECK(ctl[0].count == 6);
+  CHECK(ctl[0].count == 4);
   CHECK(m.calls().records.empty());  // the gradient traffic log is untouched
 
   auto solo = mock::transport(1, 0);
@@ -77,7 +77,7 @@ TEST_CASE("consistency: identical ranks pass with one all_gather of the header (
 TEST_CASE("consistency: identical layouts and policies construct and exchange on 1..5 ranks") {
   for (int P = 1; P <= 5; ++P) {
     inproc::run(P, [&](inproc::transport& t) {
-      on_inproc<Exchanger<Fusion<1024>, Precision<wire::bf16>>> ex(t, base_layout());
+      on_inproc<Exchanger<Fusion<1024>, Precision<bfloat16>>> ex(t, base_layout());
       for (std::size_t i = 0; i < ex.layout().size(); ++i) {
         for (float& v : ex.view(i)) v = 2.0f;
         ex.ready(i);
@@ -169,7 +169,7 @@ TEST_CASE("consistency: order, names, shapes and counts all count; the first dif
 
 TEST_CASE("consistency: different policy compositions are named, before any topology split can hang") {
   using Plain = Exchanger<Fusion<1024>>;
-  using Half = Exchanger<Fusion<1024>, Precision<wire::fp16>>;
+  using Half = Exchanger<Fusion<1024>, Precision<half>>;
   using Hier = Exchanger<Fusion<1024>, Topology<Hierarchical<2>>>;
   SUBCASE("precision") {
     auto msgs = mismatch_messages(
@@ -181,7 +181,7 @@ TEST_CASE("consistency: different policy compositions are named, before any topo
         "policies");
     for (const auto& s : msgs) {
       CHECK(has(s, "the policy compositions differ: rank 0 uses <gflow::Precision<>, gflow::Fusion<1024>, gflow::Sparsifier<>"));
-      CHECK(has(s, "rank 2 uses <gflow::Precision<gflow::wire::fp16>"));
+      CHECK(has(s, "rank 2 uses <gflow::Precision<gflow::half>"));
       CHECK(has(s, "composition differs from rank 0's: 2."));
       CHECK_FALSE(has(s, "layouts differ"));
     }
@@ -226,30 +226,33 @@ TEST_CASE("consistency: run-time options that shape the exchange are compared") 
         },
         "exchange_options");
     for (const auto& s : msgs) {
-      CHECK(has(s, "rank 0 has threshold_bytes 1024, first_bucket_bytes 0, average true, find_unused false, learn_order false, "
-                   "uneven_inputs false, rank 1 has threshold_bytes 1024, first_bucket_bytes 0, average false, find_unused false, "
-                   "learn_order false, uneven_inputs false"));
+      CHECK(has(s, "rank 0 has average true, find_unused false, learn_order false, uneven_inputs false, rank 1 has average false, "
+                   "find_unused false, learn_order false, uneven_inputs false"));
     }
   }
-  SUBCASE("fusion threshold and first bucket, resolved against the policy's") {
+}
+
+TEST_CASE("consistency: set_fusion compares the ranks' numbers before anyone re-plans") {
+  SUBCASE("a different threshold or first bucket is a mismatch_error on every rank") {
     auto msgs = mismatch_messages(
-        2,
+        3,
         [](inproc::transport& t) {
-          exchange_options o;
-          if (t.rank() == 1) {
-            o.threshold_bytes = 2048;
-            o.first_bucket_bytes = 256;
-          }
-          on_inproc<Exchanger<Fusion<1024>>> ex(t, base_layout(), o);
+          on_inproc<Exchanger<Fusion<1024>>> ex(t, base_layout());
+          ex.set_fusion(t.rank() == 1 ? 2048 : 1024, t.rank() == 1 ? 256 : 0);
         },
-        "exchange_options");
-    for (const auto& s : msgs) CHECK(has(s, "rank 1 has threshold_bytes 2048, first_bucket_bytes 256"));
+        "set_fusion");
+    for (const auto& s : msgs)
+      CHECK(has(s, "rank 0 passes threshold_bytes 1024, first_bucket_bytes 0; rank 1 passes 2048, 256; ranks that differ from rank 0: 1."));
   }
-  SUBCASE("an override equal to the policy's value is no difference") {
+  SUBCASE("the refused plan leaves every rank's buckets as they were, and the same numbers re-plan") {
     inproc::run(2, [](inproc::transport& t) {
-      exchange_options o;
-      if (t.rank() == 1) o.threshold_bytes = 1024;
-      CHECK_NOTHROW(on_inproc<Exchanger<Fusion<1024>>>(t, base_layout(), o));
+      on_inproc<Exchanger<Fusion<1024>>> ex(t, base_layout());
+      const std::size_t before = ex.buckets().size();
+      CHECK_THROWS_AS(ex.set_fusion(t.rank() == 0 ? 64 : 128), gflow::mismatch_error);
+      CHECK(ex.threshold_bytes() == 1024);
+      CHECK(ex.buckets().size() == before);
+      CHECK_NOTHROW(ex.set_fusion(64));
+      CHECK(ex.threshold_bytes() == 64);
     });
   }
 }

@@ -65,8 +65,8 @@ const Layout& layout() {
 TEST_CASE_TEMPLATE_DEFINE("every overlap strategy gives the None result bit for bit, whatever the ready() order", S, strategies_id) {
   using Ref = Exchanger<Fusion<2048>>;
   using E = Exchanger<Fusion<2048>, Overlap<S>>;
-  using Ref16 = Exchanger<Fusion<1024>, Precision<wire::fp16>>;
-  using E16 = Exchanger<Fusion<1024>, Precision<wire::fp16>, Overlap<S>>;
+  using Ref16 = Exchanger<Fusion<1024>, Precision<half>>;
+  using E16 = Exchanger<Fusion<1024>, Precision<half>, Overlap<S>>;
   for (int P : {1, 2, 3, 5}) {
     for (unsigned seed = 0; seed < 6; ++seed) {
       CAPTURE(P);

@@ -181,7 +181,7 @@ void check_identity(int P, int k, const std::function<void(on_inproc<E>&)>& conf
 TEST_CASE("reshard: P' = P rewrites every built-in composition's checkpoints byte for byte") {
   auto none = [](auto&) {};
   check_identity<Exchanger<Fusion<1024>>>(3, 2, none);
-  check_identity<Exchanger<Precision<wire::fp16>, Fusion<1024>, Sparsifier<CSC<64, 20>>>>(3, 5, [](auto& ex) { ex.sparsifier().set_warmup(1, 2); });
+  check_identity<Exchanger<Precision<half>, Fusion<1024>, Sparsifier<CSC<64, 20>>>>(3, 5, [](auto& ex) { ex.sparsifier().set_warmup(1, 2); });
   check_identity<Exchanger<Sparsifier<CSC<64, 20>>, Topology<Hybrid<4096, 2>>>>(4, 3, [](auto& ex) { ex.sparsifier().set_warmup(0, 0); });
   check_identity<Exchanger<Sparsifier<TopK<0.01>>>>(3, 4,
                                                     [](auto& ex) { ex.sparsifier().set_schedule(gflow::detail::plan::density_schedule::per_iteration({{2, 0.5}}, 0.05)); });

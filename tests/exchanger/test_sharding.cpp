@@ -159,10 +159,10 @@ TEST_CASE("sharding: the shard plan cuts each bucket into P blocks within one el
 }
 
 TEST_CASE("sharding: the shard holds the unsharded exchange's bits (fp32, fp16, bf16; fused or not; P = 1..5)") {
-  shard_matches_allreduce_all_ranks<wire::fp32, NoFusion>();
-  shard_matches_allreduce_all_ranks<wire::fp32, Fusion<256>>();
-  shard_matches_allreduce_all_ranks<wire::fp16, Fusion<256>>();
-  shard_matches_allreduce_all_ranks<wire::bf16, NoFusion>();
+  shard_matches_allreduce_all_ranks<float, detail::no_fusion>();
+  shard_matches_allreduce_all_ranks<float, Fusion<256>>();
+  shard_matches_allreduce_all_ranks<half, Fusion<256>>();
+  shard_matches_allreduce_all_ranks<bfloat16, detail::no_fusion>();
 }
 
 TEST_CASE("sharding: every Overlap strategy gives the same shard as Overlap<None>") {
@@ -172,8 +172,8 @@ TEST_CASE("sharding: every Overlap strategy gives the same shard as Overlap<None
     shard_matches_allreduce<Exchanger<F>, Exchanger<F, Sharding<ReduceScatter>, Overlap<Funneled>>>(P, layout_a());
     shard_matches_allreduce<Exchanger<F>, Exchanger<F, Sharding<ReduceScatter>, Overlap<Concurrent<2>>>>(P, layout_a());
     shard_matches_allreduce<Exchanger<F>, Exchanger<F, Sharding<ReduceScatter>, Overlap<Chained>>>(P, layout_b());
-    shard_matches_allreduce<Exchanger<Precision<wire::fp16>, F>,
-                            Exchanger<Precision<wire::fp16>, F, Sharding<ReduceScatter>, Overlap<Chained>>>(P, layout_b());
+    shard_matches_allreduce<Exchanger<Precision<half>, F>,
+                            Exchanger<Precision<half>, F, Sharding<ReduceScatter>, Overlap<Chained>>>(P, layout_b());
   }
 }
 
@@ -181,7 +181,7 @@ TEST_CASE("sharding: reduce-scatter, step the shard, gather_shards is bitwise al
   for (int P = 1; P <= 5; ++P) {
     CAPTURE(P);
     sharded_step_matches_full_step<Fusion<256>>(P, layout_a());
-    sharded_step_matches_full_step<NoFusion>(P, layout_b());
+    sharded_step_matches_full_step<detail::no_fusion>(P, layout_b());
     sharded_step_matches_full_step<Fusion<1 << 20>>(P, layout_b());
   }
 }
@@ -192,7 +192,7 @@ TEST_CASE("sharding: a 16-bit gather rounds every value, the owner's too, so eve
   std::vector<std::vector<float>> got(3);
   std::vector<float> owner_view;
   inproc::run(3, [&](inproc::transport& t) {
-    on_inproc<Exchanger<Precision<wire::fp16>, Fusion<512>, Sharding<ReduceScatter>>> ex(t, l);
+    on_inproc<Exchanger<Precision<half>, Fusion<512>, Sharding<ReduceScatter>>> ex(t, l);
     std::vector<float> w(ex.pool_size());
     for (std::size_t j = 0; j < w.size(); ++j) w[j] = uniform_value(t.rank(), 1, j, 7);  // differs per rank: the owner's wins
     std::vector<float> expect(w.size());

@@ -22,8 +22,8 @@ namespace {
 
 using Fp32 = gflow::Exchanger<>;
 using Fp32Fused = gflow::Exchanger<gflow::Fusion<256>>;
-using Fp16Fused = gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<1024>>;
-using Bf16Fused = gflow::Exchanger<gflow::Fusion<1024, 64>, gflow::Precision<gflow::wire::bf16>>;
+using Fp16Fused = gflow::Exchanger<gflow::Precision<gflow::half>, gflow::Fusion<1024>>;
+using Bf16Fused = gflow::Exchanger<gflow::Fusion<1024, 64>, gflow::Precision<gflow::bfloat16>>;
 
 // Unit roundoff (half an ulp at 1) and the largest rounding error below the normal range.
 template <class W> struct wire_traits;

@@ -87,9 +87,8 @@ TEST_CASE("mpi exchanger: OkTopK equals the reference bit for bit on every rank 
     check(ex, gflow_test::oktopk_reference<float>(P, true, prm, gflow_test::units_of(l, 0, 4), total), 0);
   }
   {
-    gflow::exchange_options o;
-    o.threshold_bytes = 2048;
-    gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.03>>, gflow::Precision<gflow::wire::fp16>>::on<gflow::mpi::transport> ex(world, l, o);
+    gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.03>>, gflow::Precision<gflow::half>>::on<gflow::mpi::transport> ex(world, l);
+    ex.set_fusion(2048);
     check(ex, gflow_test::oktopk_reference<gflow::half>(P, true, prm, gflow_test::units_of(l, 2048, 2), total), 2048);
   }
 }

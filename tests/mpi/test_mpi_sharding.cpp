@@ -97,7 +97,7 @@ TEST_CASE("mpi sharding: the shard is the unsharded exchange's (bitwise at 2 ran
   using F = gflow::Fusion<4096>;
   shard_matches<Exchanger<F>, Exchanger<F, Sharding<ReduceScatter>>>(t);
   shard_matches<Exchanger<>, Exchanger<Sharding<ReduceScatter>>>(t);
-  shard_matches<Exchanger<gflow::Precision<gflow::wire::fp16>, F>, Exchanger<gflow::Precision<gflow::wire::fp16>, F, Sharding<ReduceScatter>>>(t);
+  shard_matches<Exchanger<gflow::Precision<gflow::half>, F>, Exchanger<gflow::Precision<gflow::half>, F, Sharding<ReduceScatter>>>(t);
   shard_matches<Exchanger<F>, Exchanger<F, Sharding<ReduceScatter>, gflow::Overlap<gflow::Funneled>>>(t);
   shard_matches<Exchanger<F>, Exchanger<F, Sharding<ReduceScatter>, gflow::Overlap<gflow::Concurrent<2>>>>(t);
   shard_matches<Exchanger<F>, Exchanger<F, Sharding<ReduceScatter>, gflow::Overlap<gflow::Chained>>>(t);

@@ -143,8 +143,8 @@ TEST_CASE("mpi topology: Exchanger with Hierarchical / Hybrid equals the ring bi
 
 TEST_CASE("mpi topology: fp16 wire through Hierarchical, within rounding of the ring and identical on every rank") {
   mpi_t t;
-  using H = gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<1024>, gflow::Topology<gflow::Hierarchical<2>>>;
-  using R = gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<1024>>;
+  using H = gflow::Exchanger<gflow::Precision<gflow::half>, gflow::Fusion<1024>, gflow::Topology<gflow::Hierarchical<2>>>;
+  using R = gflow::Exchanger<gflow::Precision<gflow::half>, gflow::Fusion<1024>>;
   const auto hier = exchange<H>(t, grad_real);
   const auto ring = exchange<R>(t, grad_real);
   const int P = t.size();

@@ -18,10 +18,10 @@ namespace {
 
 using gflow::Exchanger;
 using Dense32 = Exchanger<gflow::Fusion<1024>>;
-using Dense16Funneled = Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<1024>, gflow::Overlap<gflow::Funneled>>;
+using Dense16Funneled = Exchanger<gflow::Precision<gflow::half>, gflow::Fusion<1024>, gflow::Overlap<gflow::Funneled>>;
 using HierChained = Exchanger<gflow::Fusion<1024>, gflow::Topology<gflow::Hierarchical<2>>, gflow::Overlap<gflow::Chained>>;
 using TopKFused = Exchanger<gflow::Sparsifier<gflow::TopK<0.05>>, gflow::Fusion<1024>>;
-using CscFp16 = Exchanger<gflow::Sparsifier<gflow::CSC<64, 25>>, gflow::Precision<gflow::wire::fp16>>;
+using CscFp16 = Exchanger<gflow::Sparsifier<gflow::CSC<64, 25>>, gflow::Precision<gflow::half>>;
 
 gflow::Layout layout() { return gflow::Layout::from_sizes({1000, 3, 257, 4096, 1, 77}); }
 

@@ -87,7 +87,7 @@ TEST_CASE("loss scale: bounds, constant mode, bad options") {
 }
 
 TEST_CASE("loss scale with an fp16 exchange: overflow is reported, skipped, and the halved scale gets through") {
-  using Exchange = gflow::Exchanger<gflow::Precision<gflow::wire::fp16>>;
+  using Exchange = gflow::Exchanger<gflow::Precision<gflow::half>>;
   const auto layout = gflow::Layout::from_sizes({64, 8});
   std::atomic<int> wrong = 0;
   gflow::inproc::run(2, [&](gflow::inproc::transport& t) {

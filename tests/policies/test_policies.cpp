@@ -12,33 +12,33 @@ using gflow_test::on_mock;
 
 TEST_CASE("missing families take their defaults") {
   using S = Exchanger<>::policies;
-  static_assert(std::is_same_v<S::precision, Precision<wire::fp32>>);
-  static_assert(std::is_same_v<S::fusion, NoFusion>);
-  static_assert(std::is_same_v<S::sparsifier, Sparsifier<Dense>>);
+  static_assert(std::is_same_v<S::precision, Precision<float>>);
+  static_assert(std::is_same_v<S::fusion, detail::no_fusion>);
+  static_assert(std::is_same_v<S::sparsifier, Sparsifier<None>>);
   static_assert(std::is_same_v<S::topology, Topology<Ring>>);
   static_assert(std::is_same_v<S::overlap, Overlap<None>>);
   CHECK(true);
 }
 
 TEST_CASE("policies may be given in any order") {
-  using A = Exchanger<Precision<wire::fp16>, Fusion<1024>, Topology<Ring>>::policies;
-  using B = Exchanger<Topology<Ring>, Fusion<1024>, Precision<wire::fp16>>::policies;
+  using A = Exchanger<Precision<half>, Fusion<1024>, Topology<Ring>>::policies;
+  using B = Exchanger<Topology<Ring>, Fusion<1024>, Precision<half>>::policies;
   static_assert(std::is_same_v<A::precision, B::precision>);
   static_assert(std::is_same_v<A::fusion, B::fusion>);
   static_assert(std::is_same_v<A::fusion, Fusion<1024>>);
   static_assert(A::fusion::threshold_bytes == 1024);
   static_assert(std::is_same_v<Exchanger<Fusion<1>>::on<mock::transport>::wire_type, float>);
-  static_assert(std::is_same_v<Exchanger<Precision<wire::bf16>>::on<mock::transport>::wire_type, bfloat16>);
+  static_assert(std::is_same_v<Exchanger<Precision<bfloat16>>::on<mock::transport>::wire_type, bfloat16>);
   CHECK(true);
 }
 
 TEST_CASE("every family's concept accepts its policies and rejects the others") {
-  static_assert(precision_policy<Precision<wire::fp16>>);
+  static_assert(precision_policy<Precision<half>>);
   static_assert(!precision_policy<Fusion<8>>);
   static_assert(fusion_policy<Fusion<8, 4>>);
   static_assert(!fusion_policy<Topology<>>);
   static_assert(topology_policy<Topology<Ring>>);
-  static_assert(sparsifier_policy<Sparsifier<Dense>>);
+  static_assert(sparsifier_policy<Sparsifier<None>>);
   static_assert(overlap_policy<Overlap<None>>);
   static_assert(!policy<int>);
   CHECK(true);
@@ -76,16 +76,16 @@ struct topology_without_wait {
 TEST_CASE("engine concepts: the built-ins meet them, an incomplete engine does not") {
   using namespace gflow;
   using concept_cases::ctx;
-  static_assert(detail::sparsifier_engine<Dense::engine<ctx>, ctx>);
+  static_assert(detail::sparsifier_engine<detail::dense_scheme::engine<ctx>, ctx>);
   static_assert(detail::sparsifier_engine<CSC<64, 10>::engine<ctx>, ctx> && detail::counts_collectives<CSC<64, 10>::engine<ctx>>);
   static_assert(detail::sparsifier_engine<GTopK<0.1>::engine<ctx>, ctx> && detail::counts_collectives<GTopK<0.1>::engine<ctx>>);
-  static_assert(!detail::counts_collectives<Dense::engine<ctx>>);
+  static_assert(!detail::counts_collectives<detail::dense_scheme::engine<ctx>>);
   static_assert(!detail::sparsifier_engine<concept_cases::engine_without_end_iteration, ctx>);
   static_assert(!detail::sparsifier_engine<concept_cases::engine_without_checkpoint, ctx>);
   static_assert(detail::topology_engine<Ring::engine<transport_archetype<>>, transport_archetype<>, half>);
   static_assert(!detail::topology_engine<concept_cases::topology_without_wait, transport_archetype<>, half>);
   static_assert(detail::backend<detail::host_backend> && detail::topk_backend<detail::host_backend>);
-  static_assert(!detail::backend<int> && !detail::backend<Dense>);
+  static_assert(!detail::backend<int> && !detail::backend<None>);
   static_assert(detail::backend_for_transport<detail::host_backend, mock::transport>);
   CHECK(true);
 }

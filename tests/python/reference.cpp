@@ -56,11 +56,11 @@ int main(int argc, char** argv) {
   gflow::mpi::transport t;
   const std::string dir = argv[1];
   run<gflow::Exchanger<>>(t, dir, "dense");
-  run<gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<4 << 20>, gflow::Sparsifier<gflow::TopK<0.01>>, gflow::Overlap<gflow::Funneled>>>(
+  run<gflow::Exchanger<gflow::Precision<gflow::half>, gflow::Fusion<4 << 20>, gflow::Sparsifier<gflow::TopK<0.01>>, gflow::Overlap<gflow::Funneled>>>(
       t, dir, "fp16+fusion=4MiB+topk=0.01+funneled");
   run<gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.01>>>>(t, dir, "gtopk=0.01");
   run<gflow::Exchanger<gflow::Sparsifier<gflow::CSC<4096, 15>>>>(t, dir, "csc=4096:15");
-  run<gflow::Exchanger<gflow::Precision<gflow::wire::bf16>>>(t, dir, "bf16");
+  run<gflow::Exchanger<gflow::Precision<gflow::bfloat16>>>(t, dir, "bf16");
   run<gflow::Exchanger<gflow::Fusion<4 << 20>, gflow::Topology<gflow::Hierarchical<2>>>>(t, dir, "fusion=4MiB+hier=2");
   return 0;
 }

@@ -4,7 +4,7 @@
 //   #include <gflow/cuda/exchanger.cuh>
 //   auto ranks = gflow::nccl::transport::init_all(ndev);       // or one rank per process
 //   cudaSetDevice(ranks[r].device());
-//   gflow::Exchanger<gflow::Precision<gflow::wire::fp16>>::on<gflow::nccl::transport> ex(ranks[r], layout);
+//   gflow::Exchanger<gflow::Precision<gflow::half>>::on<gflow::nccl::transport> ex(ranks[r], layout);
 //
 // It brings in the device backend (CUDA kernels on the transport's stream, see
 // device_backend.cuh for what that asks of the trainer), the Exchanger facade, and the NCCL

@@ -93,7 +93,7 @@ struct CSC {
                 "e.g. gflow::CSC<32768, 15> (the paper's 32K-element chunks).");
   static_assert(Percent > 0 && Percent <= 100,
                 "gflow::CSC<..., Percent>: the percent of chunks exchanged per iteration must lie in (0, 100]. "
-                "Pass e.g. gflow::CSC<32768, 15> (100 exchanges every chunk, like gflow::Dense).");
+                "Pass e.g. gflow::CSC<32768, 15> (100 exchanges every chunk, like gflow::Sparsifier<gflow::None>).");
   static constexpr std::size_t chunk_elems = ChunkElems;
   static constexpr unsigned percent = Percent;
 

@@ -3,9 +3,9 @@
 // Jia et al.). Buckets are contiguous pool ranges of whole tensors, closed once they hold at
 // least `threshold` bytes on the wire; a bucket is launched, without copying, as soon as the
 // contiguous ready prefix of the pool covers it. An optional smaller first bucket starts
-// communication early (PyTorch DDP: 1 MiB, then 25 MiB). Both numbers can be overridden at run
-// time (exchange_options, Exchanger::set_fusion) for an auto-tuner.
-// Leaving Fusion out (NoFusion) exchanges one collective per tensor.
+// communication early (PyTorch DDP: 1 MiB, then 25 MiB). Exchanger::set_fusion re-plans both
+// between iterations (a tuner of one's own); Fusion<Auto> leaves them to gflow's tuner.
+// Leaving Fusion out exchanges one collective per tensor (the default, detail::no_fusion).
 #include <concepts>
 #include <cstddef>
 
@@ -31,12 +31,14 @@ struct Fusion {
   static constexpr std::size_t first_bucket_bytes = FirstBucketBytes;
 };
 
-/// The default: no fusion, one collective per tensor.
-struct NoFusion {
+namespace detail {
+/// The default when Fusion is left out: no fusion, one collective per tensor.
+struct no_fusion {
   using gflow_family = fusion_family;
   static constexpr std::size_t threshold_bytes = 0;
   static constexpr std::size_t first_bucket_bytes = 0;
 };
+}  // namespace detail
 
 template <class P>
 concept fusion_policy = std::same_as<typename P::gflow_family, fusion_family> && requires {
@@ -44,7 +46,7 @@ concept fusion_policy = std::same_as<typename P::gflow_family, fusion_family> &&
   { P::first_bucket_bytes } -> std::convertible_to<std::size_t>;
 };
 
-static_assert(fusion_policy<NoFusion>);
+static_assert(fusion_policy<detail::no_fusion>);
 static_assert(fusion_policy<Fusion<4 << 20>>);
 static_assert(fusion_policy<Fusion<25 << 20, 1 << 20>>);
 static_assert(fusion_policy<Fusion<Auto>>);

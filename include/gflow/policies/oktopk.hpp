@@ -83,7 +83,7 @@ template <double Density>
 struct OkTopK {
   static_assert(Density > 0.0 && Density <= 1.0,
                 "gflow::OkTopK<density>: the density must lie in (0, 1] (the fraction of gradients each rank selects, "
-                "e.g. 0.001). For an exchange of everything use gflow::Sparsifier<gflow::Dense>.");
+                "e.g. 0.001). For an exchange of everything use gflow::Sparsifier<gflow::None>.");
   static constexpr double density = Density;
   static constexpr bool uses_topology = false;
   template <class Ctx>

@@ -34,7 +34,6 @@
 
 namespace gflow {
 
-struct None {};
 struct Funneled {};
 template <int N>
 struct Concurrent {

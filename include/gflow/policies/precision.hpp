@@ -1,5 +1,5 @@
 #pragma once
-// Precision<W>: the element type on the wire. fp32 exchanges the pool as it is; fp16 / bf16
+// Precision<W>: the element type on the wire. float exchanges the pool as it is; half / bfloat16
 // divide by P (when averaging) and cast with round-to-nearest-even before the collective, so
 // the sum cannot overflow where the fp32 sum would not, and cast back after it. Non-finite
 // results are counted and reported by Exchanger::finish() (GradientFlow (Sun et al.) section 2.5, Jia et al.
@@ -13,35 +13,34 @@
 
 namespace gflow {
 
-namespace wire {
-struct fp32 { using type = float;    static constexpr std::string_view name = "fp32"; };
-struct fp16 { using type = half;     static constexpr std::string_view name = "fp16"; };
-struct bf16 { using type = bfloat16; static constexpr std::string_view name = "bf16"; };
-}  // namespace wire
+/// The element types a Precision can put on the wire: float (the default), gflow::half (IEEE
+/// fp16) and gflow::bfloat16; wire_name<W> is the short name benchmarks and the Python front end
+/// print ("fp32", "fp16", "bf16"). (gflow::dtype::f16 / bf16 are the run-time tags of the same two
+/// types, as transports record them: dtype_of_v<half>.)
+template <class W> inline constexpr std::string_view wire_name = {};
+template <> inline constexpr std::string_view wire_name<float> = "fp32";
+template <> inline constexpr std::string_view wire_name<half> = "fp16";
+template <> inline constexpr std::string_view wire_name<bfloat16> = "bf16";
 
 template <class W>
-concept wire_format = requires {
-  typename W::type;
-  { W::name } -> std::convertible_to<std::string_view>;
-} && wire_element<typename W::type>;
+concept wire_format = !wire_name<W>.empty();
 
-template <class W = wire::fp32>
+template <class W = float>
 struct Precision {
   static_assert(wire_format<W>,
-                "gflow::Precision<W>: W is not a wire format. "
-                "Use gflow::wire::fp32, gflow::wire::fp16 or gflow::wire::bf16.");
+                "gflow::Precision<W>: W is not a wire element type. "
+                "Use float, gflow::half or gflow::bfloat16.");
   using gflow_family = precision_family;
-  // fp32 for a wrong W keeps Precision<not-a-wire-format> down to the one static_assert above.
-  using format = std::conditional_t<wire_format<W>, W, wire::fp32>;
-  using wire_type = typename format::type;
+  // float for a wrong W keeps Precision<not-a-wire-type> down to the one static_assert above.
+  using wire_type = std::conditional_t<wire_format<W>, W, float>;
   static constexpr bool narrow = sizeof(wire_type) < sizeof(float);
 };
 
 template <class P>
-concept precision_policy = std::same_as<typename P::gflow_family, precision_family> && wire_format<typename P::format>;
+concept precision_policy = std::same_as<typename P::gflow_family, precision_family> && wire_format<typename P::wire_type>;
 
 static_assert(precision_policy<Precision<>>);
-static_assert(precision_policy<Precision<wire::fp16>>);
-static_assert(precision_policy<Precision<wire::bf16>>);
+static_assert(precision_policy<Precision<half>>);
+static_assert(precision_policy<Precision<bfloat16>>);
 
 }  // namespace gflow

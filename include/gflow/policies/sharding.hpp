@@ -16,7 +16,7 @@
 // becomes g above (a reduce-scatter among the group's g ranks), and each block is then allreduced
 // among its peers, the ranks of the same local rank in the other groups; g must divide P.
 //
-// What composes (docs/GUIDE.md, "Sharding"): every Precision, fixed Fusion<bytes> and NoFusion,
+// What composes (docs/GUIDE.md, "Sharding"): every Precision, fixed Fusion<bytes> or none,
 // every Overlap strategy, Topology<Ring> and Hierarchical<g>, no_sync and find_unused, on host
 // memory over the MPI and in-process transports. Refused at compile time with the reason: a sparse
 // Sparsifier, Hybrid, Fusion<Auto>, device memory, and join(); learn_order and uneven_inputs are
@@ -25,7 +25,6 @@
 #include <type_traits>
 
 #include "family.hpp"
-#include "overlap.hpp"  // gflow::None
 
 namespace gflow {
 

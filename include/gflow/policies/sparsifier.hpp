@@ -21,7 +21,7 @@
 // on the caller's thread or on the Overlap policy's issuing thread. An engine that can split a
 // bucket's exchange into phases (needed by Overlap<Chained>) also has
 //     static constexpr bool phased = true;  request start(b);  void complete(b, request&);
-// Dense (the default) allreduces every bucket (engines/dense.hpp). The sparse schemes' tags are in
+// Sparsifier<None> (the default: the dense exchange) allreduces every bucket (engines/dense.hpp). The sparse schemes' tags are in
 // csc.hpp (CSC), topk.hpp (TopK, GTopK) and oktopk.hpp (OkTopK), which include this header, their
 // engines in engines/csc.hpp, engines/topk/ and engines/oktopk/; exchanger/policy_set.hpp includes all four.
 #include <concepts>
@@ -35,14 +35,16 @@
 
 namespace gflow {
 
-/// Every bucket allreduced whole (the default).
-struct Dense {
+namespace detail {
+/// The scheme behind Sparsifier<None>: every bucket allreduced whole.
+struct dense_scheme {
   template <class Ctx>
-  using engine = detail::dense_engine<Ctx>;
+  using engine = dense_engine<Ctx>;
 };
+}  // namespace detail
 
 /// A sparsification scheme: a class whose member template engine<Ctx> is the engine over an
-/// exchange context (Dense, CSC<chunk, percent>, TopK<d>, GTopK<d>, OkTopK<d>, or one's own; the engine's
+/// exchange context (CSC<chunk, percent>, TopK<d>, GTopK<d>, OkTopK<d>, or one's own; the engine's
 /// contract is gflow::sparsifier_engine, <gflow/extension.hpp>).
 template <class S>
 concept sparsifier_scheme = requires { typename S::template engine<detail::archetype_context<>>; };
@@ -51,15 +53,16 @@ concept sparsifier_scheme = requires { typename S::template engine<detail::arche
 // them as a pair): each is its own class template because its type name is what
 // composition_name<Set>() prints into checkpoints and the consistency check (support/fingerprint.hpp),
 // so one generic wrapper would change every saved checkpoint's fingerprint.
-template <class S = Dense>
+template <class S = None>
 struct Sparsifier {
-  static_assert(sparsifier_scheme<S>,
+  static_assert(std::same_as<S, None> || sparsifier_scheme<S>,
                 "gflow::Sparsifier<S>: S is not a sparsification scheme. "
-                "Use gflow::Dense, gflow::CSC<chunk_elems, percent>, gflow::TopK<density>, gflow::GTopK<density> or gflow::OkTopK<density>.");
+                "Use gflow::None (dense), gflow::CSC<chunk_elems, percent>, gflow::TopK<density>, gflow::GTopK<density> or gflow::OkTopK<density>.");
   using gflow_family = sparsifier_family;
-  // Dense for a wrong S keeps Sparsifier<not-a-scheme> down to the one static_assert above.
-  using scheme = std::conditional_t<sparsifier_scheme<S>, S, Dense>;
-  static constexpr bool dense = std::same_as<S, Dense>;
+  // The dense scheme for None, and for a wrong S (keeping Sparsifier<not-a-scheme> down to the one
+  // static_assert above).
+  using scheme = std::conditional_t<sparsifier_scheme<S>, S, detail::dense_scheme>;
+  static constexpr bool dense = std::same_as<S, None>;
 };
 
 namespace detail {

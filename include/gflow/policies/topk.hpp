@@ -105,7 +105,7 @@ template <double Density>
 struct TopK : detail::topk_tag<Density, false> {
   static_assert(Density > 0.0 && Density <= 1.0,
                 "gflow::TopK<density>: the density must lie in (0, 1] (the fraction of gradients each rank sends, "
-                "e.g. 0.001). For an exchange of everything use gflow::Sparsifier<gflow::Dense>.");
+                "e.g. 0.001). For an exchange of everything use gflow::Sparsifier<gflow::None>.");
 };
 
 /// Global Top-k by pairwise tree merges and a broadcast (gTop-k (Shi et al.) Algorithms 3 and 4), any P.
@@ -113,7 +113,7 @@ template <double Density>
 struct GTopK : detail::topk_tag<Density, true> {
   static_assert(Density > 0.0 && Density <= 1.0,
                 "gflow::GTopK<density>: the density must lie in (0, 1] (the fraction of gradients each rank sends, "
-                "e.g. 0.001). For an exchange of everything use gflow::Sparsifier<gflow::Dense>.");
+                "e.g. 0.001). For an exchange of everything use gflow::Sparsifier<gflow::None>.");
 };
 
 /// A Top-k scheme: its density (in (0, 1]) and whether the selection is global.
@@ -126,7 +126,7 @@ concept topk_scheme = requires {
 static_assert(topk_scheme<TopK<0.001>>);
 static_assert(topk_scheme<GTopK<0.001>>);
 static_assert(topk_scheme<TopK<1.0>>);
-static_assert(!topk_scheme<Dense>);
+static_assert(!topk_scheme<detail::dense_scheme>);
 static_assert(sparsifier_policy<Sparsifier<TopK<0.001>>>);
 static_assert(sparsifier_policy<Sparsifier<GTopK<0.01>>>);
 }  // namespace gflow

@@ -211,7 +211,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, composition="dense", 
     learn_order: lay the pool out in the order the hooks fire in the first iteration (rank 0's).
     uneven_inputs: allows join() (dense compositions).
     sparsifier_momentum, warmup: CSC's momentum correction and warm-up; TopK/GTopK's warm-up densities.
-    threshold_bytes: overrides the composition's fusion threshold at run time.
+    threshold_bytes: re-plans the composition's buckets at this threshold (set_fusion; not with fusion=auto).
     """
     from . import is_initialized
     if not is_initialized():

@@ -1,4 +1,4 @@
-// build error: gflow::Overlap<Chained>: this sparsifier's exchange does not split into start/complete phases. Use Overlap<Funneled> with it, or Sparsifier<Dense>.
+// build error: gflow::Overlap<Chained>: this sparsifier's exchange does not split into start/complete phases. Use Overlap<Funneled> with it, or Sparsifier<None>.
 // build errors: 1
 // CSC's exchange has no start / complete phases for Chained to interleave.
 #include <gflow/exchanger.hpp>

@@ -1,4 +1,4 @@
-// build error: gflow::Overlap<Chained>: this sparsifier's exchange does not split into start/complete phases. Use Overlap<Funneled> with it, or Sparsifier<Dense>.
+// build error: gflow::Overlap<Chained>: this sparsifier's exchange does not split into start/complete phases. Use Overlap<Funneled> with it, or Sparsifier<None>.
 // build errors: 1
 // TopK's exchange (selection, all_gather, apply) is one blocking step.
 #include <gflow/exchanger.hpp>

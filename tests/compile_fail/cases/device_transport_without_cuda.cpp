@@ -5,5 +5,5 @@
 
 #include "fake_transports.hpp"
 
-using E = gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<4 << 20>>;
+using E = gflow::Exchanger<gflow::Precision<gflow::half>, gflow::Fusion<4 << 20>>;
 static_assert(sizeof(E::on<gflow_test::device_transport>) > 0);

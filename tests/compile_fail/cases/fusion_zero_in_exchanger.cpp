@@ -4,5 +4,5 @@
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mock.hpp>
 
-using E = gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<0>>;
+using E = gflow::Exchanger<gflow::Precision<gflow::half>, gflow::Fusion<0>>;
 static_assert(sizeof(E::on<gflow::mock::transport>) > 0);

@@ -1,6 +1,6 @@
-// build error: gflow::Precision<W>: W is not a wire format. Use gflow::wire::fp32, gflow::wire::fp16 or gflow::wire::bf16.
+// build error: gflow::Precision<W>: W is not a wire element type. Use float, gflow::half or gflow::bfloat16.
 // build errors: 1
 #include <gflow/policies/precision.hpp>
 
-// A raw element type instead of a wire tag.
+// An element type no transport sums on the wire.
 static_assert(sizeof(gflow::Precision<int>) > 0);

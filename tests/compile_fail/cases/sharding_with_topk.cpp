@@ -1,4 +1,4 @@
-// build error: gflow::Exchanger: Sharding<ReduceScatter> needs Sparsifier<Dense>
+// build error: gflow::Exchanger: Sharding<ReduceScatter> needs Sparsifier<None>
 // build errors: 1
 // A sparse scheme's selection differs per rank and keeps a residual: no rank can own a fixed slice of the sum.
 #include <gflow/exchanger.hpp>

@@ -1,4 +1,4 @@
-// build error: gflow::Sparsifier<S>: S is not a sparsification scheme. Use gflow::Dense, gflow::CSC<chunk_elems, percent>, gflow::TopK<density>, gflow::GTopK<density> or gflow::OkTopK<density>.
+// build error: gflow::Sparsifier<S>: S is not a sparsification scheme. Use gflow::None (dense), gflow::CSC<chunk_elems, percent>, gflow::TopK<density>, gflow::GTopK<density> or gflow::OkTopK<density>.
 // build errors: 1
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mock.hpp>

@@ -5,5 +5,5 @@
 
 #include "fake_transports.hpp"
 
-using E = gflow::Exchanger<gflow::Precision<gflow::wire::fp16>>;
+using E = gflow::Exchanger<gflow::Precision<gflow::half>>;
 static_assert(sizeof(E::on<gflow_test::fp32_only_transport>) > 0);

@@ -3,5 +3,5 @@
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mock.hpp>
 
-using E = gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<1024>, gflow::Precision<gflow::wire::bf16>>;
+using E = gflow::Exchanger<gflow::Precision<gflow::half>, gflow::Fusion<1024>, gflow::Precision<gflow::bfloat16>>;
 static_assert(sizeof(E::on<gflow::mock::transport>) > 0);

@@ -3,5 +3,5 @@
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/mock.hpp>
 
-using E = gflow::Exchanger<gflow::Sparsifier<>, gflow::Sparsifier<gflow::Dense>>;
+using E = gflow::Exchanger<gflow::Sparsifier<>, gflow::Sparsifier<gflow::None>>;
 static_assert(sizeof(E::on<gflow::mock::transport>) > 0);

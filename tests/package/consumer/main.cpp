@@ -12,7 +12,7 @@
 
 int main() {
   const auto layout = gflow::Layout::from_sizes({300, 7, 1000});
-  using Exchange = gflow::Exchanger<gflow::Precision<gflow::wire::fp16>, gflow::Fusion<1024>>;
+  using Exchange = gflow::Exchanger<gflow::Precision<gflow::half>, gflow::Fusion<1024>>;
 
   std::atomic<int> wrong = 0;
   gflow::inproc::run(4, [&](gflow::inproc::transport& t) {

@@ -1,5 +1,5 @@
 #pragma once
-// The Dense sparsifier engine (Sparsifier<Dense>, the default): every bucket is allreduced whole
+// The Dense sparsifier engine (Sparsifier<None>, the default): every bucket is allreduced whole
 // through the exchange context (engines/context.hpp: wire cast, topology, average). Its contract
 // is gflow::detail::sparsifier_engine (engines/concepts.hpp), asserted below.
 #include <cstddef>

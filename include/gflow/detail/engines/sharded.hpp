@@ -1,5 +1,5 @@
 #pragma once
-// The engine of Sharding<ReduceScatter> over Sparsifier<Dense> (policies/sharding.hpp): each
+// The engine of Sharding<ReduceScatter> over Sparsifier<None> (policies/sharding.hpp): each
 // bucket is reduce-scattered through the topology, P packed blocks as cx.shards cuts it, and this
 // rank's block of the average lands in the pool at its own place (cx.shards->mine[b]); the rest
 // of the bucket is left as the trainer wrote it (unspecified, documented).

@@ -4,9 +4,9 @@
 // Ranks that describe different layouts or compose different policies would issue different
 // collectives and hang (or silently mix unrelated gradients). Before anything else, every rank
 // all_gathers a small fixed header: the layout fingerprint, the tensor count, the composition
-// fingerprint and the run-time options that shape the collective sequence (resolved fusion
-// threshold and first bucket, average). When all headers agree that is the whole cost: one
-// all_gather of 6 u64 per rank. Otherwise the ranks exchange what the message needs (rank 0's
+// fingerprint and the run-time options that shape the collective sequence (average, find_unused,
+// learn_order, uneven_inputs). When all headers agree that is the whole cost: one all_gather of
+// 4 u64 per rank. Exchanger::set_fusion checks its numbers the same way (verify_fusion). Otherwise the ranks exchange what the message needs (rank 0's
 // per-tensor fingerprints, every rank's first differing index, descriptions, composition names)
 // and EVERY rank raises the same gflow::mismatch_error. Every branch is decided on gathered
 // data, so all ranks take the same path and issue the same collectives: no hang.
@@ -70,10 +70,8 @@ std::vector<std::string> gather_strings(T& t, const std::string& mine) {
   return out;
 }
 
-/// What the exchanger's options fix about the collective sequence (resolved against the policies).
+/// What the exchanger's options fix about the collective sequence.
 struct consistency_options {
-  std::uint64_t threshold_bytes = 0;
-  std::uint64_t first_bucket_bytes = 0;
   bool average = true;
   bool find_unused = false;    // a finish() with missing tensors issues the same collectives on every rank
   bool learn_order = false;    // the first iteration exchanges at finish() and broadcasts an order
@@ -105,10 +103,9 @@ template <class T>
 void verify_consistency(T& t, const Layout& layout, const std::string& composition, consistency_options opt) {
   const int P = t.size();
   if (P <= 1) return;  // nothing to compare with
-  constexpr std::size_t H = 6;
-  enum : std::size_t { k_layout, k_count, k_comp, k_threshold, k_first, k_average };
-  const std::uint64_t mine[H] = {layout_fingerprint(layout), layout.size(), fnv1a(composition),
-                                 opt.threshold_bytes, opt.first_bucket_bytes, opt.flags()};
+  constexpr std::size_t H = 4;
+  enum : std::size_t { k_layout, k_count, k_comp, k_average };
+  const std::uint64_t mine[H] = {layout_fingerprint(layout), layout.size(), fnv1a(composition), opt.flags()};
   std::vector<std::uint64_t> all(H * static_cast<std::size_t>(P));
   control_all_gather(t, mine, all.data(), H);
   auto at = [&](int r, std::size_t k) { return all[static_cast<std::size_t>(r) * H + k]; };
@@ -116,8 +113,7 @@ void verify_consistency(T& t, const Layout& layout, const std::string& compositi
   std::vector<int> comp_differs, opt_differs, layout_differs;
   for (int r = 1; r < P; ++r) {
     if (at(r, k_comp) != at(0, k_comp)) comp_differs.push_back(r);
-    if (at(r, k_threshold) != at(0, k_threshold) || at(r, k_first) != at(0, k_first) || at(r, k_average) != at(0, k_average))
-      opt_differs.push_back(r);
+    if (at(r, k_average) != at(0, k_average)) opt_differs.push_back(r);
     if (at(r, k_layout) != at(0, k_layout) || at(r, k_count) != at(0, k_count)) layout_differs.push_back(r);
   }
   if (comp_differs.empty() && opt_differs.empty() && layout_differs.empty()) return;
@@ -135,8 +131,7 @@ void verify_consistency(T& t, const Layout& layout, const std::string& compositi
     auto opts = [&](int r) {
       const std::uint64_t f = at(r, k_average);
       auto b = [&](std::uint64_t bit) { return (f & bit) ? "true" : "false"; };
-      return fmt::format("threshold_bytes {}, first_bucket_bytes {}"
-             ", average {}, find_unused {}, learn_order {}, uneven_inputs {}", at(r, k_threshold), at(r, k_first), b(1), b(2), b(4), b(8));
+      return fmt::format("average {}, find_unused {}, learn_order {}, uneven_inputs {}", b(1), b(2), b(4), b(8));
     };
     const int d = opt_differs.front();
     if (subject.empty()) subject = "exchange_options";
@@ -180,6 +175,28 @@ void verify_consistency(T& t, const Layout& layout, const std::string& compositi
   throw mismatch_error(subject, what,
                        "construct the exchanger with the same Layout (names, shapes, order), the same Exchanger<...> policies and the "
                        "same exchange_options on every rank.");
+}
+
+/// Exchanger::set_fusion's check: every rank passes the same threshold and first bucket (one
+/// all_gather of 2 u64). Collective over t; throws the same mismatch_error on every rank otherwise,
+/// before any rank re-plans (different bucket plans would issue different collectives).
+template <class T>
+void verify_fusion(T& t, std::uint64_t threshold, std::uint64_t first) {
+  const int P = t.size();
+  if (P <= 1) return;
+  const std::uint64_t mine[2] = {threshold, first};
+  std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(P));
+  control_all_gather(t, mine, all.data(), 2);
+  std::vector<int> differs;
+  for (int r = 1; r < P; ++r)
+    if (all[2 * static_cast<std::size_t>(r)] != all[0] || all[2 * static_cast<std::size_t>(r) + 1] != all[1]) differs.push_back(r);
+  if (differs.empty()) return;
+  const auto d = static_cast<std::size_t>(differs.front());
+  throw mismatch_error("set_fusion",
+                       fmt::format("the ranks pass different fusion plans: rank 0 passes threshold_bytes {}, first_bucket_bytes {}; "
+                                   "rank {} passes {}, {}; ranks that differ from rank 0: {}. Raised on rank {} of {}.",
+                                   all[0], all[1], d, all[2 * d], all[2 * d + 1], rank_list(differs), t.rank(), P),
+                       "call set_fusion with the same numbers on every rank (e.g. rank 0's choice, broadcast).");
 }
 
 }  // namespace gflow::detail

@@ -64,7 +64,7 @@ struct policy_set {
                 "gflow::Exchanger: more than one Sharding policy. Keep exactly one gflow::Sharding<...>.");
 
   using precision = typename pick<precision_family, Precision<>, Ps...>::type;
-  using fusion = typename pick<fusion_family, NoFusion, Ps...>::type;
+  using fusion = typename pick<fusion_family, no_fusion, Ps...>::type;
   using sparsifier = typename pick<sparsifier_family, Sparsifier<>, Ps...>::type;
   using topology = typename pick<topology_family, Topology<>, Ps...>::type;
   using overlap = typename pick<overlap_family, Overlap<>, Ps...>::type;
@@ -82,9 +82,9 @@ struct policy_set {
                 "gflow::Exchanger: Sparsifier<TopK<d>> and Sparsifier<GTopK<d>> exchange with their own all_gather or merge "
                 "tree and never use the Topology, so Topology<Hierarchical<g>> or Topology<Hybrid<t, g>> would only split "
                 "the communicator for nothing. Leave Topology out (Ring) with them, or use Hierarchical or Hybrid with "
-                "Sparsifier<Dense> or Sparsifier<CSC<...>>.");
+                "Sparsifier<None> or Sparsifier<CSC<...>>.");
   static_assert(!sharding::sharded || sparsifier::dense,
-                "gflow::Exchanger: Sharding<ReduceScatter> needs Sparsifier<Dense>. A sparse scheme sends each rank's own "
+                "gflow::Exchanger: Sharding<ReduceScatter> needs Sparsifier<None>. A sparse scheme sends each rank's own "
                 "selection (different indices per rank) and keeps a residual of what it did not send, so no rank can own a "
                 "fixed slice of the sum: drop the Sparsifier, or drop Sharding to compress an allreduce.");
   static_assert(!sharding::sharded || !is_hybrid<typename topology::algorithm>,

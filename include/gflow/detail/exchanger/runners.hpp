@@ -221,7 +221,7 @@ template <class Strategy, class Ctx, class Eng>
 class refused_runner {
   static_assert(refused_strategy<Strategy> || !std::is_same_v<Strategy, Chained>,
                 "gflow::Overlap<Chained>: this sparsifier's exchange does not split into start/complete phases. "
-                "Use Overlap<Funneled> with it, or Sparsifier<Dense>.");
+                "Use Overlap<Funneled> with it, or Sparsifier<None>.");
   static_assert(refused_strategy<Strategy> || std::is_same_v<Strategy, Chained>,
                 "gflow::Overlap<Concurrent<N>>: this sparsifier keeps state across buckets, so its buckets cannot be "
                 "split over N communicators. Use Overlap<Funneled> (or Chained with Dense).");

@@ -81,7 +81,7 @@ struct training_loop {
       ex.pool_ = std::move(next);
       ++ex.generation_;
     }
-    ex.plan(ex.threshold_, ex.first_bucket_, /*allow_zero=*/true);  // 0: no fusion, as planned before
+    ex.plan(ex.threshold_, ex.first_bucket_);  // 0: no fusion, as planned before
     ex.sparsifier_->replan();
     ex.runner_->replan();
   }
@@ -91,7 +91,7 @@ struct training_loop {
     static_assert(Ex::policies::sparsifier::dense,
                   "gflow::Exchanger::join(): a sparsifier keeps a residual per rank, and a joined rank could only shadow the "
                   "others' sparse exchange by sending that residual (not a zero contribution) or by dropping it (lost gradient). "
-                  "Use join() with Sparsifier<Dense> (any Precision, Topology, Fusion and Overlap), or give every rank the same number of batches.");
+                  "Use join() with Sparsifier<None> (any Precision, Topology, Fusion and Overlap), or give every rank the same number of batches.");
     if (!ex.opt_.uneven_inputs) throw join_without_option_error();
     ex.between_iterations("join");
     ex.outside_accumulation("join");

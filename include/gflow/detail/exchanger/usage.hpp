@@ -61,4 +61,9 @@ inline usage_error set_fusion_mid_iteration_error(std::uint64_t iteration) {
                      "change the fusion threshold between finish() and the next ready().");
 }
 
+inline invalid_argument fusion_threshold_zero_error() {
+  return invalid_argument("threshold_bytes", "the fusion threshold must be positive (got 0).",
+                          "pass a byte count such as 4 << 20; to exchange one collective per tensor, leave Fusion out.");
+}
+
 }  // namespace gflow::detail

@@ -75,7 +75,7 @@ inline checkpoint_schema schema_of(std::string_view name) {
     return p == std::string_view::npos ? std::string_view{} : name.substr(p + key.size());
   };
   const std::string_view sp = after("gflow::Sparsifier<");
-  if (sp.starts_with(">") || sp.starts_with("gflow::Dense>")) s.kind = checkpoint_schema::sparse::dense;
+  if (sp.starts_with(">") || sp.starts_with("gflow::None>")) s.kind = checkpoint_schema::sparse::dense;
   else if (sp.starts_with("gflow::TopK<") || sp.starts_with("gflow::GTopK<")) s.kind = checkpoint_schema::sparse::topk;
   else if (sp.starts_with("gflow::OkTopK<")) s.kind = checkpoint_schema::sparse::oktopk;
   else if (sp.starts_with("gflow::CSC<")) s.kind = checkpoint_schema::sparse::csc;
