@@ -76,7 +76,7 @@ netrun() {  # netrun NAME P ARGS...: one bench/netem.sh run on P ranks (the netw
 }
 addrun() {  # addrun K FILE: stdin's JSON rows as run K of FILE, replacing an earlier run K's rows
   local k="$1" f="$2"
-  { if [[ -f "$f" ]]; then grep -v "^{\"run\":$k," "$f" || true; fi; sed "s/^{/{\"run\":$k,/"; } |
+  { if [[ -f "$f" ]]; then grep -v "^{\"run\":$k," "$f" || (($? == 1)); fi; sed "s/^{/{\"run\":$k,/"; } |  # grep: 1 = no row left
     LC_ALL=C sort -s -t: -k2,2n > "$f.tmp"
   mv "$f.tmp" "$f"
 }
@@ -106,7 +106,7 @@ netrunk() {  # netrunk K NAME P ARGS...: run K of one bench/netem.sh run on P ra
 simfile="$out/sim.jsonl"
 simkeep() {  # simkeep GREP-ARGS...: keep only the rows of sim.jsonl that grep selects
   [[ -f "$simfile" ]] || return 0
-  grep "$@" "$simfile" > "$simfile.tmp" || true
+  grep "$@" "$simfile" > "$simfile.tmp" || (($? == 1))  # 1: no row kept; 2 (an error) stops the script
   mv "$simfile.tmp" "$simfile"
 }
 simrun() {  # simrun P PLATFORM [--local-work none] ARGS...: one bench/simulate.sh run, appended to sim.jsonl
