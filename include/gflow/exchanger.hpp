@@ -46,7 +46,7 @@
 #include "detail/plan/pool.hpp"
 #include "replicas.hpp"
 #include "timeline.hpp"
-#include "detail/exchanger/tuner.hpp"
+#include "detail/exchanger/tuning.hpp"
 #include "transport/transport.hpp"
 
 namespace gflow {
@@ -109,7 +109,7 @@ class basic_exchanger : private detail::iteration_state {
                     sharded ? &shards_ : nullptr};
     sparsifier_.emplace(cx_);
     runner_.emplace(cx_, *sparsifier_);
-    if constexpr (autotuned) start_tuner();
+    if constexpr (autotuned) detail::tuning::start(*this);
   }
 
   basic_exchanger(const basic_exchanger&) = delete;
@@ -183,7 +183,7 @@ class basic_exchanger : private detail::iteration_state {
     if (!unused_.empty()) st.unused = unused_;
     if (trace_) [[unlikely]] trace_finish(finish_begin);
     next_iteration();
-    if constexpr (autotuned) tune();
+    if constexpr (autotuned) detail::tuning::step(*this);
     return st;
   }
 
@@ -218,11 +218,25 @@ class basic_exchanger : private detail::iteration_state {
   /// This rank's shard: one range of pool elements per bucket (block rank() of each, empty where a
   /// bucket has fewer elements than ranks). The ranks' shards are disjoint and cover the pool once.
   /// After finish() the pool holds the average inside them; outside, its values are unspecified.
-  /// It changes only when the buckets are re-planned (set_fusion(), load_state of another pool order).
+  /// It changes only when the buckets are re-planned (Fusion<Auto>'s tuner, set_fusion(), learn_order,
+  /// load_state): shard_generation() counts the changes, and move_shard_state follows them.
   [[nodiscard]] std::span<const pool_range> shard() const noexcept
     requires sharded
   {
     return shards_.mine;
+  }
+  [[nodiscard]] std::uint64_t shard_generation() const noexcept
+    requires sharded
+  {
+    return shard_log_.generation;
+  }
+  /// Per-element state a trainer keeps for its shard (`state` packs shard()'s ranges of generation
+  /// `from` back to back, e.g. momentum), moved to the current shard: collective, between iterations.
+  [[nodiscard]] std::vector<float> move_shard_state(std::span<const float> state, std::uint64_t from)
+    requires sharded && variable_transport<T>
+  {
+    between_iterations("move_shard_state");
+    return shard_log_.move(*t_, shards_, state, from);
   }
   /// In place over `values` (laid out like the pool, pool_size() elements): this rank's shard of
   /// it goes to every rank and every other rank's shard comes back (an all-gather per bucket), e.g.
@@ -234,9 +248,7 @@ class basic_exchanger : private detail::iteration_state {
     requires sharded
   {
     between_iterations("gather_shards");
-    if (values.size() != pool_.total)
-      throw invalid_argument("values", fmt::format("gather_shards got {} values; the pool holds {}.", values.size(), pool_.total),
-                             "pass a buffer laid out like the pool (pool_size() elements, tensor i at pool_plan().offset[i]).");
+    detail::sharding_rules::check_gather(values.size(), pool_.total);
     sparsifier_->gather(values.data());
   }
 
@@ -319,6 +331,7 @@ class basic_exchanger : private detail::iteration_state {
  private:
   friend struct detail::training_loop;
   friend struct detail::state_io;
+  friend struct detail::tuning;
   // The cross-rank check (exchanger/consistency.hpp), run first: before the topology's splits or
   // any other collective, so ranks that disagree fail instead of hanging.
   static Layout verified(T& t, Layout layout, const exchange_options& opt) {
@@ -341,15 +354,16 @@ class basic_exchanger : private detail::iteration_state {
     threshold_ = threshold;
     first_bucket_ = first;
     buckets_ = detail::plan::plan_buckets(layout_, pool_, {sizeof(wire_t), threshold, first});
-    if constexpr (sharded) shards_ = detail::plan::plan_shards(buckets_, engine_.shard_ranks(), engine_.shard_rank());
+    if constexpr (sharded) shards_ = shard_log_.record(buckets_, engine_.shard_ranks(), engine_.shard_rank(), generation_, !sparsifier_.has_value());
   }
-
 
   void check_index(std::size_t i, const char* where) const { iteration_state::check_index(layout_, i, where); }
 
   // Tensor i is ready: by the trainer's ready(i), or filled by the exchanger (training_loop.hpp).
   // While the order is being learned nothing launches before finish().
   void mark(std::size_t i, std::uint8_t how) {
+    if constexpr (autotuned && sharded)
+      if (ready_count_ == 0) detail::tuning::apply_pending(*this);  // the tuner's plan, held back by finish()
     ready_[i] = how;
     if (trace_) [[unlikely]] trace_ready(i);
     ++ready_count_;
@@ -384,33 +398,10 @@ class basic_exchanger : private detail::iteration_state {
     trace_->span(trace_kind::iteration, 0, iteration_, iteration_begin_, t);
   }
 
-  void start_tuner() {
-    // 4 events per tensor and 8 per bucket (at most one bucket per tensor) for one iteration
-    own_timeline_ = std::make_unique<timeline>(12 * layout_.size() + 64);
-    if (!trace_) trace_ = own_timeline_.get();
-    std::size_t hybrid_switch = 0;  // Topology<Hybrid>: the tuner tunes its switch too
-    if constexpr (detail::switched_topology<engine_t>) hybrid_switch = engine_.threshold();
-    tuner_.emplace(layout_, pool_, sizeof(wire_t), threshold_, tuner_settings{}, hybrid_switch);
-    apply(tuner_->current());
-  }
-
-  // After finish(): this rank's measurements of the iteration (from the timeline) to the tuner,
-  // which answers with the plan every rank uses next (collective, identical on every rank).
-  void tune() {
-    detail::sample_iteration(*trace_, tuned_mark_, iteration_ - 1, layout_.size(), buckets_.size(), sample_);
-    if (trace_ == own_timeline_.get()) trace_->clear();
-    tuned_mark_ = trace_->size();
-    apply(tuner_->step(*t_, sample_, buckets_.size()));
-  }
   void replan_fusion(std::size_t threshold, std::size_t first) {
     plan(threshold, first);
     sparsifier_->replan();
     runner_->replan();
-  }
-  void apply(const detail::fusion_plan& p) {
-    if (p.threshold != threshold_ || p.first != first_bucket_) replan_fusion(p.threshold, p.first);
-    if constexpr (detail::switched_topology<engine_t>)
-      if (p.hybrid_switch != engine_.threshold()) engine_.set_threshold(p.hybrid_switch);
   }
 
   T* t_;
@@ -422,6 +413,7 @@ class basic_exchanger : private detail::iteration_state {
   engine_t engine_;
   std::vector<detail::plan::bucket> buckets_;
   detail::plan::shard_plan shards_;  // Sharding<ReduceScatter> only
+  detail::shard_history shard_log_;
   context_t cx_{};
   std::optional<sparsifier_t> sparsifier_;
   std::optional<runner_t> runner_;  // last: its issuing threads stop before anything they use goes
@@ -434,6 +426,7 @@ class basic_exchanger : private detail::iteration_state {
   std::optional<detail::fusion_tuner> tuner_;
   tuner_sample sample_;
   std::size_t tuned_mark_ = 0;
+  std::optional<detail::fusion_plan> pending_plan_;  // with Sharding: applied at the next first ready()
 };
 
 }  // namespace detail

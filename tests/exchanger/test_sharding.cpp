@@ -39,6 +39,22 @@ exchange_status exchange_values(E& ex, int rank, int iter) {
 
 bool same_bits(const float* a, const float* b, std::size_t n) { return n == 0 || std::memcmp(a, b, n * sizeof(float)) == 0; }
 
+// One momentum-SGD step after a's and b's finish(): every element of wa from a's pool (momentum
+// hu_full), this rank's shard of wb from b's (its momentum packed in hu_shard), gather_shards of wb;
+// the parameters must agree bit for bit.
+template <class A, class B>
+void step_and_compare(A& a, B& b, std::vector<float>& wa, std::vector<float>& wb, std::vector<float>& hu_full, std::vector<float>& hu_shard,
+                      float lr = 0.05f, float momentum = 0.9f) {
+  optim::kernels::momentum_sgd_step_all(wa.data(), a.pool_data(), hu_full.data(), wa.size(), lr, momentum);
+  std::size_t at = 0;
+  for (const pool_range g : b.shard()) {
+    optim::kernels::momentum_sgd_step_all(wb.data() + g.begin, b.pool_data() + g.begin, hu_shard.data() + at, g.size(), lr, momentum);
+    at += g.size();
+  }
+  b.gather_shards(wb);
+  CHECK(same_bits(wa.data(), wb.data(), wa.size()));
+}
+
 // Every rank's shard, gathered: disjoint, covering the pool once, block q of each bucket on rank q
 // within one element of count / P.
 void check_cover(const std::vector<std::vector<pool_range>>& shards, const std::vector<bucket>& buckets, std::size_t total) {
@@ -115,15 +131,8 @@ void sharded_step_matches_full_step(int P, const Layout& l) {
     std::vector<float> hu_shard(shard_elems, 0.0f);  // the optimizer state: this rank's shard only
     for (int it = 0; it < 4; ++it) {
       REQUIRE(exchange_values(a, t.rank(), it).finite());
-      optim::kernels::momentum_sgd_step_all(wa.data(), a.pool_data(), hu_full.data(), n, lr, momentum);
       REQUIRE(exchange_values(b, t.rank(), it).finite());
-      std::size_t at = 0;
-      for (const pool_range g : b.shard()) {
-        optim::kernels::momentum_sgd_step_all(wb.data() + g.begin, b.pool_data() + g.begin, hu_shard.data() + at, g.size(), lr, momentum);
-        at += g.size();
-      }
-      b.gather_shards(wb);
-      CHECK(same_bits(wa.data(), wb.data(), n));
+      step_and_compare(a, b, wa, wb, hu_full, hu_shard, lr, momentum);
     }
   });
 }
@@ -254,6 +263,149 @@ TEST_CASE("sharding: find_unused and no_sync give the unsharded shard") {
   });
 }
 
+TEST_CASE("sharding: learn_order lays the pool out at the first finish(), before any bucket launches; the shards are cut from that layout") {
+  // exchange_values marks the tensors ready in forward order, the reverse of the default pool
+  // order, so the learned layout differs and the pool (and every shard) moves once.
+  for (int P = 1; P <= 4; ++P) {
+    CAPTURE(P);
+    std::mutex mu;
+    std::vector<std::vector<pool_range>> shards(static_cast<std::size_t>(P));
+    std::vector<bucket> buckets;
+    std::size_t total = 0;
+    inproc::run(P, [&](inproc::transport& t) {
+      exchange_options o;
+      o.learn_order = true;
+      on_inproc<Exchanger<Fusion<256>>> a(t, layout_a(), o);
+      on_inproc<Exchanger<Fusion<256>, Sharding<ReduceScatter>>> b(t, layout_a(), o);
+      const std::size_t n = a.pool_size();
+      std::vector<float> wa(n), wb(n), hu_full(n, 0.0f), hu_shard;
+      for (int it = 0; it < 4; ++it) {
+        REQUIRE(exchange_values(a, t.rank(), it).finite());
+        REQUIRE(exchange_values(b, t.rank(), it).finite());
+        CHECK(b.generation() == 1);  // moved once, at the first finish()
+        CHECK(b.pool_plan().tensor_at == a.pool_plan().tensor_at);
+        for (const pool_range g : b.shard()) CHECK(same_bits(a.pool_data() + g.begin, b.pool_data() + g.begin, g.size()));
+        if (it == 0) {  // the optimizer state is sized after the move, from the final shard
+          for (std::size_t j = 0; j < n; ++j) wa[j] = wb[j] = uniform_value(97, 0, j, 0);
+          for (const pool_range g : b.shard()) hu_shard.resize(hu_shard.size() + g.size(), 0.0f);
+        }
+        step_and_compare(a, b, wa, wb, hu_full, hu_shard);
+      }
+      std::lock_guard lk(mu);
+      shards[static_cast<std::size_t>(t.rank())].assign(b.shard().begin(), b.shard().end());
+      buckets = b.buckets();
+      total = b.pool_size();
+    });
+    check_cover(shards, buckets, total);
+  }
+}
+
+// State packed over a shard: element k of the packed buffer holds the pool index it belongs to.
+std::vector<float> indices_of(std::span<const pool_range> shard) {
+  std::vector<float> v;
+  for (const pool_range g : shard)
+    for (std::size_t e = g.begin; e < g.end; ++e) v.push_back(static_cast<float>(e));
+  return v;
+}
+
+template <class Topo>
+void move_follows_replan(int P) {
+  inproc::run(P, [&](inproc::transport& t) {
+    on_inproc<Exchanger<Fusion<256>, Topo, Sharding<ReduceScatter>>> ex(t, layout_b());
+    CHECK(ex.shard_generation() == 0);
+    auto state = indices_of(ex.shard());
+    CHECK(ex.move_shard_state(state, 0) == state);  // nothing moved yet
+    ex.set_fusion(1 << 20);  // one bucket: every block moves
+    CHECK(ex.shard_generation() == 1);
+    state = ex.move_shard_state(state, 0);
+    CHECK(state == indices_of(ex.shard()));
+    ex.set_fusion(1 << 20);  // the same plan: no move
+    CHECK(ex.shard_generation() == 1);
+    ex.set_fusion(64, 8);
+    CHECK(ex.shard_generation() == 2);
+    state = ex.move_shard_state(state, 1);
+    CHECK(state == indices_of(ex.shard()));
+    // Errors: a generation not kept, a state of the wrong size; both leave nothing half done.
+    try {
+      (void)ex.move_shard_state(state, 0);
+      FAIL("moved a state two generations old");
+    } catch (const usage_error& e) {
+      CHECK(e.subject() == "move_shard_state");
+      CHECK(std::string(e.what()).find("the state is of shard generation 0; the shards are at generation 2") != std::string::npos);
+    }
+    std::vector<float> long_state(state.size() + 1);
+    try {
+      (void)ex.move_shard_state(long_state, 2);
+      FAIL("moved a state of the wrong size");
+    } catch (const invalid_argument& e) {
+      CHECK(e.subject() == "state");
+      CHECK(std::string(e.what()).find(fmt::format("move_shard_state got {} values; this rank's shard of generation 2 holds {}.",
+                                                   long_state.size(), state.size())) != std::string::npos);
+    }
+  });
+}
+
+TEST_CASE("sharding: move_shard_state carries a trainer's per-element state to the new shard when the buckets are re-planned") {
+  for (int P = 1; P <= 5; ++P) {
+    CAPTURE(P);
+    move_follows_replan<Topology<Ring>>(P);
+  }
+  move_follows_replan<Topology<Hierarchical<2>>>(2);
+  move_follows_replan<Topology<Hierarchical<2>>>(4);
+  move_follows_replan<Topology<Hierarchical<3>>>(6);
+}
+
+TEST_CASE("sharding: move_shard_state refuses to move across a new pool layout (learn_order)") {
+  inproc::run(2, [&](inproc::transport& t) {
+    exchange_options o;
+    o.learn_order = true;
+    on_inproc<Exchanger<Fusion<256>, Sharding<ReduceScatter>>> ex(t, layout_a(), o);
+    const auto before = indices_of(ex.shard());
+    REQUIRE(exchange_values(ex, t.rank(), 0).finite());  // the pool is laid out in the learned order
+    REQUIRE(ex.shard_generation() == 1);
+    try {
+      (void)ex.move_shard_state(before, 0);
+      FAIL("moved state across a new pool layout");
+    } catch (const usage_error& e) {
+      CHECK(e.subject() == "move_shard_state");
+      CHECK(std::string(e.what()).find("the pool was laid out anew") != std::string::npos);
+    }
+  });
+}
+
+TEST_CASE("sharding: Fusion<Auto> re-plans while it tunes; a ZeRO-2 step that moves its momentum at each re-plan is bitwise the unsharded step") {
+  // Tensors of 120 KB: the tuner's probes (64 KiB .. 16 MiB) cut the pool into different buckets.
+  const Layout l = Layout::from_sizes(std::vector<std::size_t>(24, 30000));
+  for (int P : {2, 3}) {
+    CAPTURE(P);
+    std::mutex mu;
+    std::uint64_t moves = 0;
+    inproc::run(P, [&](inproc::transport& t) {
+      on_inproc<Exchanger<Fusion<Auto>>> a(t, l);
+      on_inproc<Exchanger<Fusion<Auto>, Sharding<ReduceScatter>>> b(t, l);
+      const std::size_t n = a.pool_size();
+      std::vector<float> wa(n), wb(n), hu_full(n, 0.0f);
+      for (std::size_t j = 0; j < n; ++j) wa[j] = wb[j] = uniform_value(96, 0, j, 0);
+      std::vector<float> hu_shard(indices_of(b.shard()).size(), 0.0f);
+      std::uint64_t gen = b.shard_generation();
+      for (int it = 0; it < 40; ++it) {
+        REQUIRE(exchange_values(a, t.rank(), it).finite());
+        REQUIRE(exchange_values(b, t.rank(), it).finite());
+        // The tuner's plan applies at an iteration's first ready(), so after finish() shard() is
+        // where this iteration's averages are; the momentum follows the shard when it moved.
+        if (b.shard_generation() != gen) {
+          hu_shard = b.move_shard_state(hu_shard, gen);
+          gen = b.shard_generation();
+        }
+        step_and_compare(a, b, wa, wb, hu_full, hu_shard);
+      }
+      std::lock_guard lk(mu);
+      moves = b.shard_generation();
+    });
+    CHECK(moves > 0);  // the tuner did move the shards
+  }
+}
+
 // Hierarchical<g>: the group's g ranks split each bucket; every group holds the whole average.
 template <int G>
 void hierarchical_shard_matches(int P) {
@@ -276,14 +428,7 @@ void hierarchical_shard_matches(int P) {
       REQUIRE(exchange_values(a, t.rank(), it).finite());
       REQUIRE(exchange_values(b, t.rank(), it).finite());
       for (const pool_range g : b.shard()) CHECK(same_bits(a.pool_data() + g.begin, b.pool_data() + g.begin, g.size()));
-      optim::kernels::momentum_sgd_step_all(wa.data(), a.pool_data(), hu_full.data(), n, 0.05f, 0.9f);
-      std::size_t at = 0;
-      for (const pool_range g : b.shard()) {
-        optim::kernels::momentum_sgd_step_all(wb.data() + g.begin, b.pool_data() + g.begin, hu_shard.data() + at, g.size(), 0.05f, 0.9f);
-        at += g.size();
-      }
-      b.gather_shards(wb);
-      CHECK(same_bits(wa.data(), wb.data(), n));
+      step_and_compare(a, b, wa, wb, hu_full, hu_shard);
     }
     std::lock_guard lk(mu);
     shards[static_cast<std::size_t>(t.rank())].assign(b.shard().begin(), b.shard().end());
@@ -339,15 +484,13 @@ TEST_CASE("sharding: bad input is a typed error naming the parameter") {
     CHECK_THROWS_AS(ex.gather_shards(w), usage_error);
     for (std::size_t i = 1; i < ex.layout().size(); ++i) ex.ready(i);
     (void)ex.finish();
-    for (bool learn : {true, false}) {
-      exchange_options o;
-      (learn ? o.learn_order : o.uneven_inputs) = true;
-      try {
-        on_inproc<E> bad(t, layout_a(), o);
-        FAIL("a sharded exchanger accepted learn_order / uneven_inputs");
-      } catch (const invalid_argument& e) {
-        CHECK(e.subject() == (learn ? "learn_order" : "uneven_inputs"));
-      }
+    exchange_options o;
+    o.uneven_inputs = true;
+    try {
+      on_inproc<E> bad(t, layout_a(), o);
+      FAIL("a sharded exchanger accepted uneven_inputs");
+    } catch (const invalid_argument& e) {
+      CHECK(e.subject() == "uneven_inputs");
     }
   });
   // The transport: ranks that cut the blocks differently.

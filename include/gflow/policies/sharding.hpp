@@ -16,11 +16,12 @@
 // becomes g above (a reduce-scatter among the group's g ranks), and each block is then allreduced
 // among its peers, the ranks of the same local rank in the other groups; g must divide P.
 //
-// What composes (docs/GUIDE.md, "Sharding"): every Precision, fixed Fusion<bytes> or none,
-// every Overlap strategy, Topology<Ring> and Hierarchical<g>, no_sync and find_unused, on host
+// What composes (docs/GUIDE.md, "Sharding"): every Precision, every Fusion (with Fusion<Auto> the
+// shards move as the tuner re-plans: Exchanger::move_shard_state), every Overlap strategy, Topology<Ring> and Hierarchical<g>, no_sync, find_unused and
+// learn_order (the shards are cut from the learned layout, fixed at the first finish()), on host
 // memory over the MPI and in-process transports. Refused at compile time with the reason: a sparse
-// Sparsifier, Hybrid, Fusion<Auto>, device memory, and join(); learn_order and uneven_inputs are
-// refused at construction.
+// Sparsifier, Hybrid, device memory, and join(); uneven_inputs is refused at
+// construction.
 #include <concepts>
 #include <type_traits>
 

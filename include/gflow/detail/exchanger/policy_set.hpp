@@ -91,10 +91,6 @@ struct policy_set {
                 "gflow::Exchanger: Sharding<ReduceScatter> with Topology<Hybrid<t, g>> is not built yet: Hybrid picks ring or "
                 "hierarchical per message, and the two cut a bucket into different shards. Use Topology<Ring> (P-way shards) "
                 "or Topology<Hierarchical<g>> (g-way shards, each allreduced across the groups) with Sharding.");
-  static_assert(!sharding::sharded || !requires { requires fusion::autotuned; },
-                "gflow::Exchanger: Sharding<ReduceScatter> with Fusion<Auto> is not built yet: the tuner re-cuts the buckets "
-                "while it explores, which would move every rank's shard and the optimizer state a trainer keeps for it. "
-                "Use a fixed Fusion<bytes> (e.g. Fusion<4 << 20>) with Sharding.");
 };
 
 }  // namespace gflow::detail

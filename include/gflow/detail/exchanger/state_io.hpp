@@ -12,6 +12,7 @@
 #include "../plan/pool.hpp"
 #include "../support/checkpoint.hpp"
 #include "training_loop.hpp"
+#include "tuning.hpp"
 
 namespace gflow::detail {
 
@@ -81,7 +82,7 @@ struct state_io {
     ex.iteration_ = iteration;
     if constexpr (Ex::autotuned) {
       ex.tuner_->restore_state(tuned);
-      ex.apply(ex.tuner_->current());
+      tuning::apply(ex, ex.tuner_->current());
     } else {
       (void)tuned;
     }

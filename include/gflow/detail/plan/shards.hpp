@@ -59,4 +59,41 @@ struct shard_plan {
   return s;
 }
 
+/// Rank q's blocks of every bucket, in pool order (empty blocks left out): its shard under a plan
+/// of `buckets` split `ways` ways.
+[[nodiscard]] inline std::vector<pool_range> shard_ranges(const std::vector<bucket>& buckets, int ways, int q) {
+  std::vector<pool_range> out;
+  out.reserve(buckets.size());
+  for (const bucket& b : buckets) {
+    const pool_range r = block_of(b.count, ways, q);
+    if (r.size() != 0) out.push_back({b.offset + r.begin, b.offset + r.end});
+  }
+  return out;
+}
+
+/// The elements two ascending lists of disjoint ranges share, ascending.
+[[nodiscard]] inline std::vector<pool_range> intersect_ranges(const std::vector<pool_range>& a, const std::vector<pool_range>& b) {
+  std::vector<pool_range> out;
+  std::size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const std::size_t lo = a[i].begin > b[j].begin ? a[i].begin : b[j].begin;
+    const std::size_t hi = a[i].end < b[j].end ? a[i].end : b[j].end;
+    if (lo < hi) out.push_back({lo, hi});
+    if (a[i].end < b[j].end) ++i;
+    else ++j;
+  }
+  return out;
+}
+
+/// Where pool element x sits in a buffer that packs `ranges` (ascending, disjoint) back to back; x
+/// must lie in one of them.
+[[nodiscard]] inline std::size_t packed_offset(const std::vector<pool_range>& ranges, std::size_t x) {
+  std::size_t at = 0;
+  for (const pool_range& r : ranges) {
+    if (x < r.end) return at + (x - r.begin);
+    at += r.size();
+  }
+  return at;
+}
+
 }  // namespace gflow::detail::plan
