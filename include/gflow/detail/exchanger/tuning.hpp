@@ -41,7 +41,9 @@ struct tuning {
   }
   template <class Ex>
   static void apply_pending(Ex& ex) {
-    if (ex.pending_plan_) apply(ex, *ex.pending_plan_);
+    if (!ex.pending_plan_) return;
+    const fusion_plan p = *ex.pending_plan_;  // a copy: apply() resets the optional before it reads the plan
+    apply(ex, p);
   }
 
   template <class Ex>
