@@ -15,6 +15,7 @@
 // Training loops (docs/DESIGN.md): no_sync() accumulates micro-batches; exchange_options::find_unused
 // exchanges unmarked tensors as zeros, learn_order lays the pool out in rank 0's ready() order, and
 // uneven_inputs lets a rank out of data join() (shadow the others' iterations with zeros).
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <istream>
@@ -173,7 +174,7 @@ class basic_exchanger : private detail::iteration_state {
     exchange_status st;
     st.iteration = iteration_;
     st.nonfinite = kernels_.take_nonfinite() + runner_->take_nonfinite();
-    if constexpr (sharded) st.nonfinite = detail::sharding_rules::agreed_nonfinite(*t_, st.nonfinite, shards_.ranks);  // each rank saw its shard only
+    if constexpr (sharded) st.nonfinite = detail::sharding_steps::agreed_nonfinite(*this, st.nonfinite);  // each rank saw its shard only
     if constexpr (detail::counts_collectives<sparsifier_t>)
       st.collectives = sparsifier_->collectives();  // the scheme's own count (norms, gathers, tree rounds)
     else
@@ -196,18 +197,25 @@ class basic_exchanger : private detail::iteration_state {
     return no_sync_scope(no_sync_depth_);
   }
 
-  // join()'s constraint: its name is what the compiler prints when join() is called on a sparse composition.
+  // join()'s constraints: their names are what the compiler prints when a call does not fit.
   static constexpr bool join_needs_a_dense_sparsifier_as_residuals_cannot_be_shadowed = Set::sparsifier::dense;
-  // A joined rank still owns a shard that someone must step: join() and Sharding are not built together yet.
-  static constexpr bool join_is_not_built_for_sharding_yet = !Set::sharding::sharded;
+  static constexpr bool join_with_sharding_needs_a_step_for_the_shard_this_rank_still_owns = !sharded;
   /// Uneven inputs (exchange_options::uneven_inputs): a rank out of data calls join(); it shadows
   /// the others' iterations with zeros (they average over the ranks that contributed) until every
   /// rank has called it. Sparsifier<None> only: a sparse scheme keeps a residual per rank, which
   /// a joined rank could neither send nor drop (the constraint names why when it fails).
   join_status join()
-    requires join_needs_a_dense_sparsifier_as_residuals_cannot_be_shadowed && join_is_not_built_for_sharding_yet
+    requires join_needs_a_dense_sparsifier_as_residuals_cannot_be_shadowed && join_with_sharding_needs_a_step_for_the_shard_this_rank_still_owns
   {
-    return detail::training_loop::join(*this);
+    return detail::training_loop::join(*this, [](const exchange_status&) {});
+  }
+  /// join() that calls after_each(status) after each shadowed iteration's finish(), between
+  /// iterations, as the training ranks step. With Sharding this rank still owns a shard: step it
+  /// there and call gather_shards, as the training ranks do after their finish().
+  template <std::invocable<const exchange_status&> F>
+    requires join_needs_a_dense_sparsifier_as_residuals_cannot_be_shadowed
+  join_status join(F&& after_each) {
+    return detail::training_loop::join(*this, after_each);
   }
 
   /// Counts the re-layouts of the pool (learn_order, load_state): views obtained before a change
@@ -215,21 +223,14 @@ class basic_exchanger : private detail::iteration_state {
   [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
 
   // ---- sharding (Sharding<ReduceScatter>; docs/GUIDE.md, "Sharding") --------------------------
-  /// This rank's shard: one range of pool elements per bucket (block rank() of each, empty where a
-  /// bucket has fewer elements than ranks). The ranks' shards are disjoint and cover the pool once.
-  /// After finish() the pool holds the average inside them; outside, its values are unspecified.
-  /// It changes only when the buckets are re-planned (Fusion<Auto>'s tuner, set_fusion(), learn_order,
-  /// load_state): shard_generation() counts the changes, and move_shard_state follows them.
-  [[nodiscard]] std::span<const pool_range> shard() const noexcept
-    requires sharded
-  {
-    return shards_.mine;
-  }
-  [[nodiscard]] std::uint64_t shard_generation() const noexcept
-    requires sharded
-  {
-    return shard_log_.generation;
-  }
+  /// This rank's shard: one range of pool elements per bucket (its block of each, empty where a
+  /// bucket has fewer elements than ways). The shards of the ranks a bucket is split among are
+  /// disjoint and cover it once. After finish() the pool holds the average inside them; outside,
+  /// its values are unspecified. It changes only when the buckets or their split are re-planned
+  /// (Fusion<Auto>'s tuner, set_fusion(), learn_order, load_state, Hybrid's threshold):
+  /// shard_generation() counts the changes, and move_shard_state follows them.
+  [[nodiscard]] std::span<const pool_range> shard() const noexcept requires sharded { return shards_.mine; }
+  [[nodiscard]] std::uint64_t shard_generation() const noexcept requires sharded { return shard_log_.generation; }
   /// Per-element state a trainer keeps for its shard (`state` packs shard()'s ranges of generation
   /// `from` back to back, e.g. momentum), moved to the current shard: collective, between iterations.
   [[nodiscard]] std::vector<float> move_shard_state(std::span<const float> state, std::uint64_t from)
@@ -248,7 +249,7 @@ class basic_exchanger : private detail::iteration_state {
     requires sharded
   {
     between_iterations("gather_shards");
-    detail::sharding_rules::check_gather(values.size(), pool_.total);
+    detail::sharding_steps::check_gather(values.size(), pool_.total);
     sparsifier_->gather(values.data());
   }
 
@@ -332,13 +333,13 @@ class basic_exchanger : private detail::iteration_state {
   friend struct detail::training_loop;
   friend struct detail::state_io;
   friend struct detail::tuning;
+  friend struct detail::sharding_steps;
   // The cross-rank check (exchanger/consistency.hpp), run first: before the topology's splits or
   // any other collective, so ranks that disagree fail instead of hanging.
   static Layout verified(T& t, Layout layout, const exchange_options& opt) {
     if (opt.verify)
       detail::verify_consistency(t, layout, detail::composition_name<Set>(),
                                  {opt.average, opt.find_unused, opt.learn_order, opt.uneven_inputs});
-    if constexpr (sharded) detail::sharding_rules::refuse_options(opt);  // after the check: every rank refuses alike
     return layout;
   }
 
@@ -354,7 +355,7 @@ class basic_exchanger : private detail::iteration_state {
     threshold_ = threshold;
     first_bucket_ = first;
     buckets_ = detail::plan::plan_buckets(layout_, pool_, {sizeof(wire_t), threshold, first});
-    if constexpr (sharded) shards_ = shard_log_.record(buckets_, engine_.shard_ranks(), engine_.shard_rank(), generation_, !sparsifier_.has_value());
+    if constexpr (sharded) detail::sharding_steps::plan(*this, !sparsifier_.has_value());
   }
 
   void check_index(std::size_t i, const char* where) const { iteration_state::check_index(layout_, i, where); }
@@ -362,8 +363,11 @@ class basic_exchanger : private detail::iteration_state {
   // Tensor i is ready: by the trainer's ready(i), or filled by the exchanger (training_loop.hpp).
   // While the order is being learned nothing launches before finish().
   void mark(std::size_t i, std::uint8_t how) {
-    if constexpr (autotuned && sharded)
-      if (ready_count_ == 0) detail::tuning::apply_pending(*this);  // the tuner's plan, held back by finish()
+    if constexpr (sharded)
+      if (ready_count_ == 0) {
+        if constexpr (autotuned) detail::tuning::apply_pending(*this);  // the tuner's plan, held back by finish()
+        detail::sharding_steps::sync(*this);  // the topology's split moved (Hybrid's threshold): the shards follow
+      }
     ready_[i] = how;
     if (trace_) [[unlikely]] trace_ready(i);
     ++ready_count_;

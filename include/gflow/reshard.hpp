@@ -6,6 +6,10 @@
 //   ...a rank is lost; the job restarts on P' ranks...
 //   std::uint64_t it = gflow::load_checkpoint(ex, "ckpt");   // newest complete set; re-shards if P' != P
 //
+// With Sharding<ReduceScatter>, the state a trainer keeps for its shard goes with it:
+//   gflow::save_checkpoint(ex, "ckpt", {momentum});             // + shard-<r>.gflow
+//   gflow::load_checkpoint(ex, "ckpt", state);                  // state[0]: momentum over the new shard
+//
 // Files are written atomically: to `<file>.tmp` in the same directory, flushed and closed, then
 // renamed over `<file>`, so a reader sees the old file or the whole new one, never a part. A set
 // is complete when every rank of the job that saved it has its file; a rank that died while the
@@ -26,6 +30,8 @@
 #include "detail/support/checkpoint.hpp"
 #include "detail/support/fingerprint.hpp"
 #include "detail/support/reshard.hpp"
+#include "detail/exchanger/shard_state.hpp"
+#include "pool.hpp"
 
 namespace gflow {
 
@@ -175,15 +181,16 @@ inline std::vector<std::filesystem::path> newest_checkpoint_set(const std::files
   return {};
 }
 
-/// Loads the newest complete set under `root` into `ex`: load_state of this rank's own file when
-/// the job has the saving job's size, load_resharded otherwise. Returns the iteration it resumes
-/// at; throws invalid_argument("root") when `root` holds no complete set.
-template <class Ex>
-std::uint64_t load_checkpoint(Ex& ex, const std::filesystem::path& root) {
-  const std::vector<std::filesystem::path> files = newest_checkpoint_set(root);
+namespace detail {
+inline std::vector<std::filesystem::path> newest_or_throw(const std::filesystem::path& root) {
+  std::vector<std::filesystem::path> files = newest_checkpoint_set(root);
   if (files.empty())
     throw invalid_argument("root", "'" + root.string() + "' holds no complete checkpoint set (iter-<n>/rank-<r>.gflow for every rank r).",
                            "pass the directory save_checkpoint wrote to, or start without resuming.");
+  return files;
+}
+template <class Ex>
+std::uint64_t load_set(Ex& ex, const std::vector<std::filesystem::path>& files) {
   const int rank = ex.transport().rank();
   if (files.size() == static_cast<std::size_t>(ex.transport().size())) {
     std::ifstream in(files[static_cast<std::size_t>(rank)], std::ios::binary);
@@ -192,6 +199,117 @@ std::uint64_t load_checkpoint(Ex& ex, const std::filesystem::path& root) {
     load_resharded(ex, files);
   }
   return ex.iteration();
+}
+}  // namespace detail
+
+/// Loads the newest complete set under `root` into `ex`: load_state of this rank's own file when
+/// the job has the saving job's size, load_resharded otherwise. Returns the iteration it resumes
+/// at; throws invalid_argument("root") when `root` holds no complete set.
+template <class Ex>
+std::uint64_t load_checkpoint(Ex& ex, const std::filesystem::path& root) {
+  return detail::load_set(ex, detail::newest_or_throw(root));
+}
+
+// ---- Sharding<ReduceScatter>: the trainer's per-shard state -------------------------------------
+
+/// The file of `rank`'s shard state in a checkpoint set directory.
+inline std::filesystem::path shard_state_file(const std::filesystem::path& set_dir, int rank) {
+  return set_dir / fmt::format("shard-{}.gflow", rank);
+}
+
+/// save_checkpoint, with the state a trainer keeps for its shard (`shard_state`: arrays such as
+/// momentum or Adam's moments, each packed over ex.shard(), its ranges back to back). Writes
+/// shard-<r>.gflow (the shard's ranges and the arrays) before rank-<r>.gflow, so a complete set of
+/// rank files has every shard file. Every rank, between the same iterations.
+template <class Ex>
+  requires requires(const Ex& e) { e.shard(); }
+std::filesystem::path save_checkpoint(const Ex& ex, const std::filesystem::path& root, const std::vector<std::span<const float>>& shard_state) {
+  const auto mine = detail::shard_pieces(ex.shard());
+  std::size_t elems = 0;
+  for (const pool_range& r : mine) elems += r.size();
+  for (std::size_t a = 0; a < shard_state.size(); ++a)
+    if (shard_state[a].size() != elems)
+      throw invalid_argument("shard_state", fmt::format("shard state array {} has {} values; this rank's shard holds {}.", a, shard_state[a].size(), elems),
+                             "pass each array packed over ex.shard() (its ranges back to back), as move_shard_state takes it.");
+  const int rank = ex.transport().rank(), size = ex.transport().size();
+  std::ostringstream os(std::ios::binary);
+  detail::write_shard_state(os, detail::make_checkpoint_identity<typename Ex::policies>(ex.layout(), rank, size, ex.pool_size()), ex.iteration(),
+                            detail::pool_order_fingerprint(ex.pool_plan().offset), mine, shard_state);
+  const std::filesystem::path dir = checkpoint_set_dir(root, ex.iteration());
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    throw invalid_argument("root", "the checkpoint directory '" + dir.string() + "' cannot be created: " + ec.message() + ".", "pass a writable directory.");
+  write_file_atomically(shard_state_file(dir, rank), os.str());
+  return save_checkpoint(ex, root);
+}
+
+/// load_checkpoint, and the trainer's per-shard state saved with it, packed over ex.shard() as it
+/// is after the load (into `shard_state`, one vector per array saved). On the saving job's ranks
+/// and plan each rank reads its own file; otherwise (another number of ranks, other buckets or
+/// another split) each element of the new shard comes from the first old file, this rank's own
+/// first, whose shard held it. Every file read is validated; a set without shard files, of
+/// another layout, composition, pool order or iteration, or whose shards do not cover this rank's
+/// raises a typed error naming it, and shard_state is then unchanged.
+template <class Ex>
+  requires requires(const Ex& e) { e.shard(); }
+std::uint64_t load_checkpoint(Ex& ex, const std::filesystem::path& root, std::vector<std::vector<float>>& shard_state) {
+  const std::vector<std::filesystem::path> files = detail::newest_or_throw(root);
+  const std::uint64_t it = detail::load_set(ex, files);
+  const int rank = ex.transport().rank(), old_size = static_cast<int>(files.size());
+  const detail::checkpoint_identity id = detail::make_checkpoint_identity<typename Ex::policies>(ex.layout(), rank, ex.transport().size(), ex.pool_size());
+  const std::uint64_t order = detail::pool_order_fingerprint(ex.pool_plan().offset);
+  const auto mine = detail::shard_pieces(ex.shard());
+  std::size_t elems = 0;
+  for (const pool_range& r : mine) elems += r.size();
+  std::vector<char> filled(elems, 0);
+  std::size_t left = elems;
+  std::vector<std::vector<float>> out;
+  std::size_t arrays = 0;
+  std::vector<int> order_of_reads;
+  if (rank < old_size) order_of_reads.push_back(rank);
+  for (int k = 0; k < old_size; ++k)
+    if (k != rank) order_of_reads.push_back(k);
+  bool first = true;
+  for (int k : order_of_reads) {
+    if (left == 0 && !first) break;
+    const std::filesystem::path f = shard_state_file(files[static_cast<std::size_t>(k)].parent_path(), k);
+    std::ifstream in(f, std::ios::binary);
+    if (!in)
+      throw invalid_argument("root", "the checkpoint set has no shard state file '" + f.string() + "'.",
+                             "load with load_checkpoint(ex, root) when the set was saved without shard state, or pass the set that save_checkpoint(ex, root, state) wrote.");
+    detail::shard_state_file s(in, id, ex.layout(), std::size_t{1} << 10);
+    if (s.identity().rank != static_cast<std::uint32_t>(k) || s.identity().size != static_cast<std::uint32_t>(old_size))
+      throw mismatch_error("shard_state", fmt::format("'{}' was written by rank {} of {}; the set is of {} ranks.", f.string(), s.identity().rank, s.identity().size, old_size),
+                           "load a set whose files all come from one save of one job.");
+    if (s.iteration() != it)
+      throw mismatch_error("shard_state", fmt::format("'{}' holds the state of iteration {}; the exchanger's checkpoint is of iteration {}.", f.string(), s.iteration(), it),
+                           "load a set whose files all come from one save (mixed generations cannot be resumed from).");
+    if (s.order_fingerprint() != order)
+      throw mismatch_error("shard_state", fmt::format("'{}' was saved over another pool order than the one its set's checkpoint restored.", f.string()),
+                           "load a set whose files all come from one save of one job.");
+    if (first) {
+      arrays = s.arrays();
+      out.assign(arrays, std::vector<float>(elems, 0.0f));
+      first = false;
+    } else if (s.arrays() != arrays) {
+      throw mismatch_error("shard_state", fmt::format("'{}' holds {} arrays; rank {}'s file holds {}.", f.string(), s.arrays(), order_of_reads.front(), arrays),
+                           "load a set whose files all come from one save of one job.");
+    }
+    const auto runs = detail::take_from(s.ranges(), mine, filled);
+    if (runs.empty()) continue;  // nothing of this rank's shard: its arrays are not read
+    for (std::size_t a = 0; a < arrays; ++a) {
+      const std::vector<float> v = s.next_array();
+      for (const auto& run : runs) std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(run.src), run.n, out[a].begin() + static_cast<std::ptrdiff_t>(run.dst));
+    }
+    s.finish();
+    for (const auto& run : runs) left -= run.n;
+  }
+  if (left != 0)
+    throw mismatch_error("shard_state", fmt::format("the set's shard files hold {} of the {} elements of this rank's shard.", elems - left, elems),
+                         "load a set whose files all come from one save of one job (every rank's shard file).");
+  shard_state = std::move(out);
+  return it;
 }
 
 }  // namespace gflow

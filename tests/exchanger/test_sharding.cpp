@@ -7,13 +7,19 @@
 
 #include <gflow/exchanger.hpp>
 #include <gflow/optim/momentum_sgd.hpp>
+#include <gflow/reshard.hpp>
 #include <gflow/transport/inproc.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
 #include <limits>
 #include <mutex>
+#include <sstream>
 #include <vector>
 
 #include "compositions.hpp"
@@ -468,6 +474,400 @@ TEST_CASE("sharding: Hierarchical<g> splits each bucket among the group and allr
   });
 }
 
+// Hybrid<t, g>: a bucket below t bytes on the wire is split in the group (two levels), one at or
+// above it among all P ranks. In each aligned set of ways[b] ranks, the blocks of bucket b are
+// within one element of count / ways[b] and cover it once.
+void check_split_cover(const std::vector<std::vector<pool_range>>& shards, const std::vector<bucket>& buckets, const std::vector<int>& ways) {
+  const int P = static_cast<int>(shards.size());
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    const int w = ways[b];
+    REQUIRE(P % w == 0);
+    for (int k = 0; k < P / w; ++k) {
+      std::vector<int> owners(buckets[b].count, 0);
+      for (int q = 0; q < w; ++q) {
+        const pool_range g = shards[static_cast<std::size_t>(k * w + q)][b];
+        REQUIRE(g.begin >= buckets[b].offset);
+        REQUIRE(g.end <= buckets[b].offset + buckets[b].count);
+        CHECK(std::abs(static_cast<double>(g.size()) - static_cast<double>(buckets[b].count) / w) < 1.0);
+        for (std::size_t e = g.begin; e < g.end; ++e) ++owners[e - buckets[b].offset];
+      }
+      CHECK(std::all_of(owners.begin(), owners.end(), [](int c) { return c == 1; }));
+    }
+  }
+}
+
+// The sharded Hybrid exchange against the unsharded one (the shard's bits and a ZeRO-2 step, three
+// iterations), and the split of each bucket: its ways are G below 1024 bytes, P at or above.
+template <int G>
+void hybrid_shard_matches(int P) {
+  using Topo = Topology<Hybrid<1024, G>>;
+  using Plain = Exchanger<Fusion<256>, Topo>;
+  using Sharded = Exchanger<Fusion<256>, Topo, Sharding<ReduceScatter>>;
+  std::mutex mu;
+  std::vector<std::vector<pool_range>> shards(static_cast<std::size_t>(P));
+  std::vector<bucket> buckets;
+  inproc::run(P, [&](inproc::transport& t) {
+    const Layout l = layout_b();  // 1000 and 257 elements go ring (4000 and 1028 bytes), 1, 2 and 5 hierarchical
+    on_inproc<Plain> a(t, l);
+    on_inproc<Sharded> b(t, l);
+    const std::size_t n = a.pool_size();
+    std::vector<float> wa(n), wb(n), hu_full(n, 0.0f), hu_shard(indices_of(b.shard()).size(), 0.0f);
+    for (std::size_t j = 0; j < n; ++j) wa[j] = wb[j] = uniform_value(97, 0, j, 0);
+    for (int it = 0; it < 3; ++it) {
+      REQUIRE(exchange_values(a, t.rank(), it).finite());
+      REQUIRE(exchange_values(b, t.rank(), it).finite());
+      for (const pool_range g : b.shard()) CHECK(same_bits(a.pool_data() + g.begin, b.pool_data() + g.begin, g.size()));
+      step_and_compare(a, b, wa, wb, hu_full, hu_shard);
+    }
+    std::lock_guard lk(mu);
+    shards[static_cast<std::size_t>(t.rank())].assign(b.shard().begin(), b.shard().end());
+    buckets = b.buckets();
+  });
+  std::vector<int> ways;
+  for (const bucket& bk : buckets) ways.push_back(bk.count * sizeof(float) < 1024 ? G : P);
+  REQUIRE(std::find(ways.begin(), ways.end(), P) != ways.end());  // both kinds of bucket
+  REQUIRE(std::find(ways.begin(), ways.end(), G) != ways.end());
+  check_split_cover(shards, buckets, ways);
+}
+
+TEST_CASE("sharding: Hybrid<t, g> splits small buckets in the group and large ones among all ranks, bitwise the unsharded Hybrid") {
+  hybrid_shard_matches<2>(2);
+  hybrid_shard_matches<2>(4);
+  hybrid_shard_matches<2>(6);
+  hybrid_shard_matches<3>(6);
+  hybrid_shard_matches<1>(3);
+  // every group must hold g ranks, whatever the threshold
+  inproc::run(3, [&](inproc::transport& t) {
+    try {
+      on_inproc<Exchanger<Topology<Hybrid<1, 2>>, Sharding<ReduceScatter>>> ex(t, layout_a());
+      FAIL("3 ranks in groups of 2 were accepted");
+    } catch (const invalid_argument& e) {
+      CHECK(e.subject() == "group_size");
+    }
+  });
+  // the agreed inf / NaN count: a small bucket's block is held once per group, a large one's once
+  inproc::run(4, [&](inproc::transport& t) {
+    on_inproc<Exchanger<Fusion<256>, Topology<Hybrid<1024, 2>>, Sharding<ReduceScatter>>> ex(t, layout_b());
+    for (std::size_t i = 0; i < ex.layout().size(); ++i) {
+      auto v = ex.view(i);
+      std::fill(v.begin(), v.end(), 1.0f);
+      if (t.rank() == 3 && i == 0) v[0] = std::numeric_limits<float>::infinity();  // 1 element: hierarchical
+      if (t.rank() == 1 && i == 2) v[0] = v[999] = std::numeric_limits<float>::quiet_NaN();  // 1000: ring
+      ex.ready(i);
+    }
+    CHECK(ex.finish().nonfinite == 3);
+  });
+}
+
+TEST_CASE("sharding: a Hybrid threshold moved between iterations re-cuts the shards at the next ready(); the momentum follows, bitwise") {
+  using Topo = Topology<Hybrid<1024, 2>>;
+  for (int P : {2, 4, 6}) {
+    CAPTURE(P);
+    inproc::run(P, [&](inproc::transport& t) {
+      on_inproc<Exchanger<Fusion<256>, Topo>> a(t, layout_b());
+      on_inproc<Exchanger<Fusion<256>, Topo, Sharding<ReduceScatter>>> b(t, layout_b());
+      const std::size_t n = a.pool_size();
+      std::vector<float> wa(n), wb(n), hu_full(n, 0.0f), hu_shard(indices_of(b.shard()).size(), 0.0f);
+      for (std::size_t j = 0; j < n; ++j) wa[j] = wb[j] = uniform_value(95, 0, j, 0);
+      std::uint64_t gen = 0;
+      for (int it = 0; it < 6; ++it) {
+        if (it == 2 || it == 4) {
+          const std::size_t to = it == 2 ? (1 << 20) : 1;  // every bucket hierarchical, then every one ring
+          a.topology().set_threshold(to);
+          b.topology().set_threshold(to);
+          CHECK(b.shard_generation() == gen);  // nothing moves before the iteration starts
+        }
+        REQUIRE(exchange_values(a, t.rank(), it).finite());
+        REQUIRE(exchange_values(b, t.rank(), it).finite());
+        if (b.shard_generation() != gen) {
+          hu_shard = b.move_shard_state(hu_shard, gen);
+          gen = b.shard_generation();
+          CHECK(hu_shard.size() == indices_of(b.shard()).size());
+        }
+        step_and_compare(a, b, wa, wb, hu_full, hu_shard);
+      }
+      CHECK(gen == (P == 2 ? 0u : 2u));  // at 2 ranks in groups of 2 both splits are the same
+    });
+  }
+  // the placement: a state of pool indices lands where the new shard wants it
+  inproc::run(4, [&](inproc::transport& t) {
+    on_inproc<Exchanger<Fusion<256>, Topo, Sharding<ReduceScatter>>> b(t, layout_b());
+    auto state = indices_of(b.shard());
+    b.topology().set_threshold(1 << 20);
+    REQUIRE(exchange_values(b, t.rank(), 0).finite());
+    REQUIRE(b.shard_generation() == 1);
+    state = b.move_shard_state(state, 0);
+    CHECK(state == indices_of(b.shard()));
+    b.set_fusion(1 << 20);  // one bucket, and still hierarchical: a new plan of both kinds of change
+    b.topology().set_threshold(1);
+    REQUIRE(exchange_values(b, t.rank(), 1).finite());
+    REQUIRE(b.shard_generation() == 3);  // set_fusion re-cut once, the threshold at the next ready() once more
+  });
+}
+
+TEST_CASE("sharding: load_state of a moved Hybrid threshold gives the saver's shards") {
+  using E = Exchanger<Fusion<256>, Topology<Hybrid<1024, 2>>, Sharding<ReduceScatter>>;
+  inproc::run(4, [&](inproc::transport& t) {
+    on_inproc<E> a(t, layout_b());
+    a.topology().set_threshold(1 << 20);
+    REQUIRE(exchange_values(a, t.rank(), 0).finite());
+    std::stringstream ss;
+    a.save_state(ss);
+    on_inproc<E> b(t, layout_b());
+    REQUIRE(indices_of(b.shard()) != indices_of(a.shard()));
+    b.load_state(ss);
+    CHECK(indices_of(b.shard()) == indices_of(a.shard()));
+    CHECK(b.topology().threshold() == (1u << 20));
+  });
+}
+
+// Uneven inputs: rank r trains batches[r] iterations, then joins. The unsharded job steps every
+// element on the ranks that trained (a joined rank's copy goes stale: the last rank to train has
+// the job's parameters); the sharded job's joined ranks step their shards in join(after_each) and
+// gather, so every rank ends with the unsharded job's parameters, bit for bit.
+template <class Topo>
+void sharded_join_matches(const std::vector<int>& batches, const Layout& l) {
+  const int P = static_cast<int>(batches.size());
+  const int most = *std::max_element(batches.begin(), batches.end());
+  exchange_options o;
+  o.uneven_inputs = true;
+  std::mutex mu;
+  std::vector<std::vector<float>> plain(static_cast<std::size_t>(P)), sharded(static_cast<std::size_t>(P));
+  std::vector<join_status> plain_js(static_cast<std::size_t>(P));
+  inproc::run(P, [&](inproc::transport& t) {
+    on_inproc<Exchanger<Fusion<256>, Topo>> a(t, l, o);
+    std::vector<float> w(a.pool_size()), hu(a.pool_size(), 0.0f);
+    for (std::size_t j = 0; j < w.size(); ++j) w[j] = uniform_value(94, 0, j, 0);
+    for (int it = 0; it < batches[static_cast<std::size_t>(t.rank())]; ++it) {
+      REQUIRE(exchange_values(a, t.rank(), it).finite());
+      optim::kernels::momentum_sgd_step_all(w.data(), a.pool_data(), hu.data(), w.size(), 0.05f, 0.9f);
+    }
+    const join_status js = a.join();
+    std::lock_guard lk(mu);
+    plain[static_cast<std::size_t>(t.rank())] = w;
+    plain_js[static_cast<std::size_t>(t.rank())] = js;
+  });
+  inproc::run(P, [&](inproc::transport& t) {
+    on_inproc<Exchanger<Fusion<256>, Topo, Sharding<ReduceScatter>>> b(t, l, o);
+    std::vector<float> w(b.pool_size()), hu(indices_of(b.shard()).size(), 0.0f);
+    for (std::size_t j = 0; j < w.size(); ++j) w[j] = uniform_value(94, 0, j, 0);
+    const auto step = [&] {
+      std::size_t at = 0;
+      for (const pool_range g : b.shard()) {
+        optim::kernels::momentum_sgd_step_all(w.data() + g.begin, b.pool_data() + g.begin, hu.data() + at, g.size(), 0.05f, 0.9f);
+        at += g.size();
+      }
+      b.gather_shards(w);
+    };
+    const int mine = batches[static_cast<std::size_t>(t.rank())];
+    for (int it = 0; it < mine; ++it) {
+      REQUIRE(exchange_values(b, t.rank(), it).finite());
+      step();
+    }
+    std::uint64_t stepped = 0;
+    const join_status js = b.join([&](const exchange_status& st) {
+      CHECK(st.finite());
+      CHECK(st.contributors < P);
+      step();
+      ++stepped;
+    });
+    CHECK(js.shadowed == static_cast<std::uint64_t>(most - mine));
+    CHECK(stepped == js.shadowed);
+    CHECK(b.iteration() == static_cast<std::uint64_t>(most));
+    std::lock_guard lk(mu);
+    sharded[static_cast<std::size_t>(t.rank())] = w;
+  });
+  const auto last = static_cast<std::size_t>(plain_js[0].last_rank);
+  REQUIRE(batches[last] == most);
+  for (int r = 0; r < P; ++r) {
+    CAPTURE(r);
+    CHECK(same_bits(sharded[static_cast<std::size_t>(r)].data(), plain[last].data(), plain[last].size()));
+  }
+}
+
+TEST_CASE("sharding: join(after_each) steps a joined rank's shard; every rank ends with the unsharded job's parameters, bitwise") {
+  for (const auto& b : std::vector<std::vector<int>>{{3, 1}, {0, 2}, {2, 3, 1}, {4, 1, 2, 4}, {1, 1, 1, 3, 2}}) {
+    CAPTURE(b.size());
+    sharded_join_matches<Topology<Ring>>(b, layout_a());
+  }
+  sharded_join_matches<Topology<Hierarchical<2>>>({4, 1, 2, 4}, layout_a());
+  sharded_join_matches<Topology<Hybrid<1024, 2>>>({2, 4, 1, 3}, layout_b());
+  sharded_join_matches<Topology<Hybrid<1024, 3>>>({2, 4, 1, 3, 3, 0}, layout_b());
+}
+
+// ---- checkpoints with the trainer's per-shard state ----------------------------------------------
+std::filesystem::path fresh_dir(const std::string& name) {
+  const auto d = std::filesystem::temp_directory_path() / ("gflow_shard_ckpt_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+std::vector<float> negated(std::vector<float> v) {
+  for (float& x : v) x = -x;
+  return v;
+}
+
+// Saved on P ranks with two arrays holding each element's pool index (and its negation), loaded on
+// P2: each rank's arrays hold its new shard's pool indices, whatever the old and new shards were.
+template <class Topo>
+void shard_state_follows(int P, int P2, const Layout& l, std::size_t threshold_before_save = 0) {
+  using E = Exchanger<Fusion<256>, Topo, Sharding<ReduceScatter>>;
+  const auto root = fresh_dir("follows");
+  inproc::run(P, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, l);
+    if constexpr (requires { ex.topology().set_threshold(std::size_t{1}); })
+      if (threshold_before_save) ex.topology().set_threshold(threshold_before_save);
+    REQUIRE(exchange_values(ex, t.rank(), 0).finite());
+    const auto idx = indices_of(ex.shard());
+    const auto neg = negated(idx);
+    const auto f = save_checkpoint(ex, root, {idx, neg});
+    CHECK(std::filesystem::exists(f));
+    CHECK(std::filesystem::exists(shard_state_file(f.parent_path(), t.rank())));
+  });
+  inproc::run(P2, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, l);
+    std::vector<std::vector<float>> st;
+    CHECK(load_checkpoint(ex, root, st) == 1);
+    REQUIRE(st.size() == 2);
+    const auto want = indices_of(ex.shard());
+    CHECK(st[0] == want);
+    CHECK(st[1] == negated(want));
+  });
+  std::filesystem::remove_all(root);
+}
+
+TEST_CASE("sharding: a checkpoint holds the per-shard state with its shard; loading on another number of ranks re-shards it") {
+  for (auto [P, P2] : std::vector<std::pair<int, int>>{{4, 4}, {4, 3}, {4, 6}, {3, 1}, {1, 3}, {5, 2}}) {
+    CAPTURE(P);
+    CAPTURE(P2);
+    shard_state_follows<Topology<Ring>>(P, P2, layout_a());
+  }
+  shard_state_follows<Topology<Hierarchical<2>>>(4, 4, layout_a());
+  shard_state_follows<Topology<Hierarchical<2>>>(4, 2, layout_a());
+  shard_state_follows<Topology<Hierarchical<2>>>(2, 6, layout_a());
+  shard_state_follows<Topology<Hybrid<1024, 2>>>(4, 6, layout_b());
+  shard_state_follows<Topology<Hybrid<1024, 2>>>(6, 4, layout_b());
+  shard_state_follows<Topology<Hybrid<1024, 2>>>(4, 4, layout_b(), 1 << 20);  // the restored threshold gives the saver's shards
+  shard_state_follows<Topology<Hybrid<1024, 2>>>(4, 2, layout_b(), 1);
+}
+
+TEST_CASE("sharding: resuming a ZeRO-2 loop from a checkpoint with its momentum is bitwise the loop that went on") {
+  using E = Exchanger<Fusion<256>, Sharding<ReduceScatter>>;
+  const auto root = fresh_dir("resume");
+  std::mutex mu;
+  std::vector<std::vector<float>> went_on(3), resumed(3), saved_w(3);
+  const auto run_iterations = [](auto& ex, int rank, std::vector<float>& w, std::vector<float>& hu, int from, int to) {
+    for (int it = from; it < to; ++it) {
+      REQUIRE(exchange_values(ex, rank, it).finite());
+      std::size_t at = 0;
+      for (const pool_range g : ex.shard()) {
+        optim::kernels::momentum_sgd_step_all(w.data() + g.begin, ex.pool_data() + g.begin, hu.data() + at, g.size(), 0.05f, 0.9f);
+        at += g.size();
+      }
+      ex.gather_shards(w);
+    }
+  };
+  inproc::run(3, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, layout_a());
+    std::vector<float> w(ex.pool_size()), hu(indices_of(ex.shard()).size(), 0.0f);
+    for (std::size_t j = 0; j < w.size(); ++j) w[j] = uniform_value(93, 0, j, 0);
+    run_iterations(ex, t.rank(), w, hu, 0, 3);
+    (void)save_checkpoint(ex, root, {hu});
+    {
+      std::lock_guard lk(mu);
+      saved_w[static_cast<std::size_t>(t.rank())] = w;  // the trainer's parameters, saved its own way
+    }
+    run_iterations(ex, t.rank(), w, hu, 3, 6);
+    std::lock_guard lk(mu);
+    went_on[static_cast<std::size_t>(t.rank())] = w;
+  });
+  inproc::run(3, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, layout_a());
+    std::vector<std::vector<float>> st;
+    REQUIRE(load_checkpoint(ex, root, st) == 3);
+    REQUIRE(st.size() == 1);
+    std::vector<float> w = saved_w[static_cast<std::size_t>(t.rank())];
+    run_iterations(ex, t.rank(), w, st[0], 3, 6);
+    std::lock_guard lk(mu);
+    resumed[static_cast<std::size_t>(t.rank())] = w;
+  });
+  for (std::size_t r = 0; r < 3; ++r) CHECK(same_bits(went_on[r].data(), resumed[r].data(), went_on[r].size()));
+  std::filesystem::remove_all(root);
+}
+
+TEST_CASE("sharding: checkpoints with shard state refuse bad input with typed errors") {
+  using E = Exchanger<Fusion<256>, Sharding<ReduceScatter>>;
+  const auto root = fresh_dir("errors");
+  inproc::run(2, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, layout_a());
+    REQUIRE(exchange_values(ex, t.rank(), 0).finite());
+    std::vector<float> short_state(indices_of(ex.shard()).size() - 1);
+    try {
+      (void)save_checkpoint(ex, root, {short_state});
+      FAIL("saved a shard state of the wrong size");
+    } catch (const invalid_argument& e) {
+      CHECK(e.subject() == "shard_state");
+      CHECK(std::string(e.what()).find(fmt::format("shard state array 0 has {} values; this rank's shard holds {}.", short_state.size(),
+                                                   short_state.size() + 1)) != std::string::npos);
+    }
+    (void)save_checkpoint(ex, root);  // without shard state
+  });
+  inproc::run(2, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, layout_a());
+    std::vector<std::vector<float>> st{{1.0f}};
+    try {
+      (void)load_checkpoint(ex, root, st);
+      FAIL("loaded shard state from a set saved without it");
+    } catch (const invalid_argument& e) {
+      CHECK(e.subject() == "root");
+      CHECK(std::string(e.what()).find("the checkpoint set has no shard state file") != std::string::npos);
+    }
+    CHECK(st == std::vector<std::vector<float>>{{1.0f}});  // unchanged
+  });
+  std::filesystem::remove_all(root);
+  // A shard file of another save (another iteration) in the set; then a changed byte.
+  const auto other = fresh_dir("errors_other");
+  inproc::run(2, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, layout_a());
+    REQUIRE(exchange_values(ex, t.rank(), 0).finite());
+    const auto idx = indices_of(ex.shard());
+    (void)save_checkpoint(ex, other, {idx});
+    REQUIRE(exchange_values(ex, t.rank(), 1).finite());
+    (void)save_checkpoint(ex, root, {idx});
+  });
+  const auto set = checkpoint_set_dir(root, 2);
+  std::filesystem::copy_file(shard_state_file(checkpoint_set_dir(other, 1), 0), shard_state_file(set, 0), std::filesystem::copy_options::overwrite_existing);
+  inproc::run(2, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, layout_a());
+    std::vector<std::vector<float>> st;
+    if (t.rank() == 0) {
+      try {
+        (void)load_checkpoint(ex, root, st);
+        FAIL("loaded a shard file of another iteration");
+      } catch (const mismatch_error& e) {
+        CHECK(e.subject() == "shard_state");
+        CHECK(std::string(e.what()).find("holds the state of iteration 1; the exchanger's checkpoint is of iteration 2.") != std::string::npos);
+      }
+    } else {
+      CHECK(load_checkpoint(ex, root, st) == 2);  // rank 1's own file covers its shard
+    }
+  });
+  {
+    const auto f = shard_state_file(set, 1);
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(-12, std::ios::end);  // inside the last array
+    io.put('\x7f');
+  }
+  inproc::run(2, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, layout_a());
+    std::vector<std::vector<float>> st;
+    if (t.rank() == 1) CHECK_THROWS_AS((void)load_checkpoint(ex, root, st), parse_error);
+    else CHECK_THROWS_AS((void)load_checkpoint(ex, root, st), mismatch_error);
+  });
+  std::filesystem::remove_all(root);
+  std::filesystem::remove_all(other);
+}
+
 TEST_CASE("sharding: bad input is a typed error naming the parameter") {
   inproc::run(2, [&](inproc::transport& t) {
     using E = Exchanger<Fusion<256>, Sharding<ReduceScatter>>;
@@ -484,14 +884,6 @@ TEST_CASE("sharding: bad input is a typed error naming the parameter") {
     CHECK_THROWS_AS(ex.gather_shards(w), usage_error);
     for (std::size_t i = 1; i < ex.layout().size(); ++i) ex.ready(i);
     (void)ex.finish();
-    exchange_options o;
-    o.uneven_inputs = true;
-    try {
-      on_inproc<E> bad(t, layout_a(), o);
-      FAIL("a sharded exchanger accepted uneven_inputs");
-    } catch (const invalid_argument& e) {
-      CHECK(e.subject() == "uneven_inputs");
-    }
   });
   // The transport: ranks that cut the blocks differently.
   inproc::run(2, [&](inproc::transport& t) {

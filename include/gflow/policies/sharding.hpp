@@ -14,14 +14,18 @@
 //
 // With Topology<Hierarchical<g>> the split is two-level (ZeRO++'s hierarchical partitioning): P
 // becomes g above (a reduce-scatter among the group's g ranks), and each block is then allreduced
-// among its peers, the ranks of the same local rank in the other groups; g must divide P.
+// among its peers, the ranks of the same local rank in the other groups; g must divide P. With
+// Topology<Hybrid<t, g>> each bucket is split as its allreduce would go: below t bytes on the wire
+// in the group (two levels), at or above t among all P ranks; the split is fixed when the shards
+// are cut, and a threshold changed later (engine set_threshold, Fusion<Auto>'s tuner, load_state)
+// re-cuts them at the next iteration's first ready() (Exchanger::shard_generation counts it).
 //
 // What composes (docs/GUIDE.md, "Sharding"): every Precision, every Fusion (with Fusion<Auto> the
-// shards move as the tuner re-plans: Exchanger::move_shard_state), every Overlap strategy, Topology<Ring> and Hierarchical<g>, no_sync, find_unused and
-// learn_order (the shards are cut from the learned layout, fixed at the first finish()), on host
-// memory over the MPI and in-process transports. Refused at compile time with the reason: a sparse
-// Sparsifier, Hybrid, device memory, and join(); uneven_inputs is refused at
-// construction.
+// shards move as the tuner re-plans: Exchanger::move_shard_state), every Overlap strategy, every
+// Topology (Ring, Hierarchical<g>, Hybrid<t, g>), no_sync, find_unused and learn_order (the shards
+// are cut from the learned layout, fixed at the first finish()), on host memory over the MPI and
+// in-process transports. Refused at compile time with the reason: a sparse Sparsifier, device
+// memory, and join(); uneven_inputs is refused at construction.
 #include <concepts>
 #include <type_traits>
 

@@ -1,6 +1,7 @@
 #pragma once
 // The engine of Sharding<ReduceScatter> over Sparsifier<None> (policies/sharding.hpp): each
-// bucket is reduce-scattered through the topology, P packed blocks as cx.shards cuts it, and this
+// bucket is reduce-scattered through the topology, in the packed blocks cx.shards cuts it into
+// (its ways: P, or the group's g under Hierarchical<g> and Hybrid's small buckets), and this
 // rank's block of the average lands in the pool at its own place (cx.shards->mine[b]); the rest
 // of the bucket is left as the trainer wrote it (unspecified, documented).
 //
@@ -34,7 +35,7 @@ class sharded_dense_engine : public stateless_engine {
   void exchange(std::size_t b) {
     stage_clock sc(cx_->tracer());
     const W* send = cast(b, sc);
-    cx_->topology->reduce_scatter(send, out(b), cx_->shards->counts_of(b));
+    cx_->topology->reduce_scatter(send, out(b), cx_->shards->counts_of(b), cx_->shards->ways[b]);
     finish_block(b, sc);
   }
   // Phases, for Overlap<Chained>.
@@ -44,7 +45,7 @@ class sharded_dense_engine : public stateless_engine {
   request start(std::size_t b) {
     stage_clock sc(cx_->tracer());
     const W* send = cast(b, sc);
-    return cx_->topology->start_reduce_scatter(send, out(b), cx_->shards->counts_of(b));
+    return cx_->topology->start_reduce_scatter(send, out(b), cx_->shards->counts_of(b), cx_->shards->ways[b]);
   }
   void complete(std::size_t b, request& r) {
     stage_clock sc(cx_->tracer());
@@ -64,10 +65,10 @@ class sharded_dense_engine : public stateless_engine {
       if constexpr (Ctx::narrow) {
         const auto mine = sp.mine[b];
         cx_->kernels->scale_to_wire(values + mine.begin, wire_.data() + mine.begin, mine.size(), 1.0f);
-        cx_->topology->all_gather_shards(wire_.data() + bk.offset, sp.counts_of(b));
+        cx_->topology->all_gather_shards(wire_.data() + bk.offset, sp.counts_of(b), sp.ways[b]);
         cx_->kernels->wire_to_float(wire_.data() + bk.offset, values + bk.offset, bk.count);
       } else {
-        cx_->topology->all_gather_shards(values + bk.offset, sp.counts_of(b));
+        cx_->topology->all_gather_shards(values + bk.offset, sp.counts_of(b), sp.ways[b]);
       }
     }
     (void)cx_->kernels->take_nonfinite();  // parameters, not gradients: nothing for the next finish() to report

@@ -37,19 +37,20 @@ class ring_engine {
   request start(W* buf, std::size_t n) { return t_->iall_reduce(buf, n, reduce_op::sum); }
   void wait(request& r) { t_->wait(r); }
   // Sharding<ReduceScatter>: the transport's own reduce-scatter of P packed blocks (send), block
-  // rank() of the sum into recv.
+  // rank() of the sum into recv. `ways` is the plan's for the bucket (always P here).
+  /// The ranks a bucket of n elements of W is split among: all of them.
+  template <class W>
+  [[nodiscard]] int shard_ways(std::size_t) const { return t_->size(); }
   template <class W>
     requires sharding_transport<T>
-  void reduce_scatter(const W* send, W* recv, const std::size_t* counts) { t_->reduce_scatter(send, recv, counts, reduce_op::sum); }
+  void reduce_scatter(const W* send, W* recv, const std::size_t* counts, int) { t_->reduce_scatter(send, recv, counts, reduce_op::sum); }
   template <class W>
     requires sharding_transport<T>
-  request start_reduce_scatter(const W* send, W* recv, const std::size_t* counts) { return t_->ireduce_scatter(send, recv, counts, reduce_op::sum); }
-  /// The ranks a bucket is split among (all of them), this rank's block, and the all-gather of the blocks.
-  [[nodiscard]] int shard_ranks() const { return t_->size(); }
-  [[nodiscard]] int shard_rank() const { return t_->rank(); }
+  request start_reduce_scatter(const W* send, W* recv, const std::size_t* counts, int) { return t_->ireduce_scatter(send, recv, counts, reduce_op::sum); }
+  /// The all-gather of the blocks, in place.
   template <class W>
     requires sharding_transport<T>
-  void all_gather_shards(W* buf, const std::size_t* counts) { t_->all_gatherv_in_place(buf, counts); }
+  void all_gather_shards(W* buf, const std::size_t* counts, int) { t_->all_gatherv_in_place(buf, counts); }
 
  private:
   T* t_;
@@ -123,30 +124,31 @@ class hierarchical_engine {
   // allreduce of each block among its peers (the ranks of that local rank, one per group), so every
   // group holds the whole average, each rank its block. Every group must have g ranks (P a multiple
   // of g), or the groups' blocks would not line up.
-  [[nodiscard]] int shard_ranks() const {
+  /// The ranks a bucket is split among: the group's g (every group must hold g ranks).
+  template <class W>
+  [[nodiscard]] int shard_ways(std::size_t) const {
     if (plan_.ranks % plan_.group_size != 0)
       throw invalid_argument("group_size", fmt::format("Sharding with Hierarchical<{}> needs every group to hold {} ranks; {} ranks make a last "
                                                        "group of {}.", plan_.group_size, plan_.group_size, plan_.ranks, plan_.size_of(plan_.groups - 1)),
                              "run a multiple of the group size of ranks, or pick a group size that divides the job's size.");
     return group_.size();
   }
-  [[nodiscard]] int shard_rank() const { return group_.rank(); }
   template <class W>
     requires sharding_transport<T>
-  void reduce_scatter(const W* send, W* recv, const std::size_t* counts) {
+  void reduce_scatter(const W* send, W* recv, const std::size_t* counts, int) {
     group_.reduce_scatter(send, recv, counts, reduce_op::sum);
     if (plan_.groups > 1) peers().all_reduce(recv, counts[group_.rank()], reduce_op::sum);
   }
   /// Host transports: runs both phases (blocking) and returns a completed request.
   template <class W>
     requires sharding_transport<T>
-  request start_reduce_scatter(const W* send, W* recv, const std::size_t* counts) {
-    reduce_scatter(send, recv, counts);
+  request start_reduce_scatter(const W* send, W* recv, const std::size_t* counts, int ways) {
+    reduce_scatter(send, recv, counts, ways);
     return {};
   }
   template <class W>
     requires sharding_transport<T>
-  void all_gather_shards(W* buf, const std::size_t* counts) { group_.all_gatherv_in_place(buf, counts); }
+  void all_gather_shards(W* buf, const std::size_t* counts, int) { group_.all_gatherv_in_place(buf, counts); }
 
   // ---- introspection -----------------------------------------------------------------------
   [[nodiscard]] const plan::group_plan& groups() const noexcept { return plan_; }
@@ -232,6 +234,34 @@ class hybrid_engine {
     }
   }
 
+  // Sharding<ReduceScatter>: a bucket below the threshold is split among its group (the
+  // hierarchical two levels), one at or above it among all ranks (the ring's reduce-scatter). The
+  // split is the shard plan's (`ways`, fixed when the plan was cut), not the threshold's now, so a
+  // threshold changed between iterations moves no bucket until the exchanger re-plans its shards.
+  template <class W>
+  [[nodiscard]] int shard_ways(std::size_t n) const {
+    const int g = hier_.template shard_ways<W>(n);  // refuses a job that is not a multiple of g, whatever the threshold
+    return hierarchical_for<W>(n) ? g : ring_.template shard_ways<W>(n);
+  }
+  template <class W>
+    requires sharding_transport<T>
+  void reduce_scatter(const W* send, W* recv, const std::size_t* counts, int ways) {
+    if (ring_split(ways)) ring_.reduce_scatter(send, recv, counts, ways);
+    else hier_.reduce_scatter(send, recv, counts, ways);
+  }
+  template <class W>
+    requires sharding_transport<T>
+  request start_reduce_scatter(const W* send, W* recv, const std::size_t* counts, int ways) {
+    if (ring_split(ways)) return {ring_.start_reduce_scatter(send, recv, counts, ways), hier_t::issuer::world};
+    return hier_.start_reduce_scatter(send, recv, counts, ways);
+  }
+  template <class W>
+    requires sharding_transport<T>
+  void all_gather_shards(W* buf, const std::size_t* counts, int ways) {
+    if (ring_split(ways)) ring_.all_gather_shards(buf, counts, ways);
+    else hier_.all_gather_shards(buf, counts, ways);
+  }
+
   [[nodiscard]] const hier_t& hierarchical() const noexcept { return hier_; }
 
   // Checkpoints (Exchanger::save_state / load_state): the run-time threshold. Ring and
@@ -247,6 +277,7 @@ class hybrid_engine {
   void restore_state(std::size_t t) noexcept { threshold_ = t; }
 
  private:
+  [[nodiscard]] bool ring_split(int ways) const noexcept { return ways == hier_.groups().ranks; }
   static std::size_t checked(std::size_t bytes) {
     if (bytes == 0)
       throw invalid_argument("threshold_bytes", "the Hybrid threshold must be positive (got 0); messages below it go hierarchical, at or above it ring.",

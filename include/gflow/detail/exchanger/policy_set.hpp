@@ -41,11 +41,6 @@ struct pick<F, Default, P, Ps...> {
   using type = std::conditional_t<std::is_same_v<typename family_of<P>::type, F>, P, typename pick<F, Default, Ps...>::type>;
 };
 
-template <class A>
-inline constexpr bool is_hybrid = false;
-template <std::size_t T, int G>
-inline constexpr bool is_hybrid<Hybrid<T, G>> = true;
-
 template <class... Ps>
 struct policy_set {
   static_assert((true && ... && check_is_policy<Ps>::value));
@@ -87,10 +82,6 @@ struct policy_set {
                 "gflow::Exchanger: Sharding<ReduceScatter> needs Sparsifier<None>. A sparse scheme sends each rank's own "
                 "selection (different indices per rank) and keeps a residual of what it did not send, so no rank can own a "
                 "fixed slice of the sum: drop the Sparsifier, or drop Sharding to compress an allreduce.");
-  static_assert(!sharding::sharded || !is_hybrid<typename topology::algorithm>,
-                "gflow::Exchanger: Sharding<ReduceScatter> with Topology<Hybrid<t, g>> is not built yet: Hybrid picks ring or "
-                "hierarchical per message, and the two cut a bucket into different shards. Use Topology<Ring> (P-way shards) "
-                "or Topology<Hierarchical<g>> (g-way shards, each allreduced across the groups) with Sharding.");
 };
 
 }  // namespace gflow::detail

@@ -11,6 +11,7 @@
 
 #include "../plan/pool.hpp"
 #include "../support/checkpoint.hpp"
+#include "sharding.hpp"
 #include "training_loop.hpp"
 #include "tuning.hpp"
 
@@ -86,6 +87,7 @@ struct state_io {
     } else {
       (void)tuned;
     }
+    if constexpr (Ex::sharded) sharding_steps::sync(ex);  // a restored Hybrid threshold moves the shards now, as the saver had them
   }
 };
 

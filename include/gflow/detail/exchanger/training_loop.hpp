@@ -86,8 +86,8 @@ struct training_loop {
     ex.runner_->replan();
   }
 
-  template <class Ex>
-  static join_status join(Ex& ex) {
+  template <class Ex, class F>
+  static join_status join(Ex& ex, F&& after_each) {
     static_assert(Ex::policies::sparsifier::dense,
                   "gflow::Exchanger::join(): a sparsifier keeps a residual per rank, and a joined rank could only shadow the "
                   "others' sparse exchange by sending that residual (not a zero contribution) or by dropping it (lost gradient). "
@@ -110,8 +110,9 @@ struct training_loop {
       if (ex.contributors_ == 0) break;
       ex.kernels_.fill_zero(ex.grads_.data(), ex.pool_.total);
       for (std::size_t pos = 0; pos < ex.layout_.size(); ++pos) ex.mark(ex.pool_.tensor_at[pos], Ex::filled);
-      (void)ex.finish();
+      const exchange_status st = ex.finish();
       ++js.shadowed;
+      after_each(st);
     }
     js.last_rank = ex.last_rank_;
     return js;

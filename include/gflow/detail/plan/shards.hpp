@@ -1,10 +1,14 @@
 #pragma once
 // Shard planning (pure): how Sharding<ReduceScatter> splits each bucket among the ranks.
-// Bucket b of n elements is cut into P blocks in rank order; block q holds n / P elements, one
-// more for q < n mod P, so every block is within one element of n / P and the blocks cover the
-// bucket exactly once. Rank q owns block q of every bucket. The plan depends only on the bucket
-// plan and P, so every rank computes the same one.
+// Each bucket has a number of ways w (the topology's choice: P for Ring, g for Hierarchical<g>,
+// either for Hybrid by the bucket's size). Bucket b of n elements is cut into w blocks in rank
+// order; block q holds n / w elements, one more for q < n mod w, so every block is within one
+// element of n / w and the blocks cover the bucket exactly once. The ranks split into aligned
+// sets of w (ranks [k w, (k + 1) w)); world rank r owns block r mod w, and the P / w sets hold
+// the same blocks (each allreduced across them). The plan depends only on the bucket plan, the
+// ways and the rank, so every rank computes the same one.
 #include <cstddef>
+#include <span>
 #include <vector>
 
 #include "../../error.hpp"
@@ -21,14 +25,24 @@ struct pool_range {
 };
 
 struct shard_plan {
-  int ranks = 1;
-  int rank = 0;
-  std::vector<std::size_t> counts;  // buckets * ranks: block q of bucket b has counts[b * ranks + q] elements
-  std::vector<pool_range> mine;     // per bucket: this rank's block, in pool elements
-  std::vector<std::size_t> scratch; // per bucket: where this rank's block starts in a buffer of its blocks, packed
-  std::size_t scratch_total = 0;    // the sum of this rank's blocks
+  int rank = 0;                      // the world rank the plan is for
+  std::vector<int> ways;             // per bucket: the ranks it is split among
+  std::vector<std::size_t> counts;   // per bucket, ways[b] entries from counts_at[b]: block q has counts[counts_at[b] + q] elements
+  std::vector<std::size_t> counts_at;
+  std::vector<pool_range> mine;      // per bucket: this rank's block, in pool elements
+  std::vector<std::size_t> scratch;  // per bucket: where this rank's block starts in a buffer of its blocks, packed
+  std::size_t scratch_total = 0;     // the sum of this rank's blocks
 
-  [[nodiscard]] const std::size_t* counts_of(std::size_t b) const noexcept { return counts.data() + b * static_cast<std::size_t>(ranks); }
+  [[nodiscard]] const std::size_t* counts_of(std::size_t b) const noexcept { return counts.data() + counts_at[b]; }
+  /// True when this rank's set of ways[b] ranks is the first (ranks [0, ways[b])): of the P / w
+  /// ranks that hold its block of bucket b, it is the one that counts it once for the job.
+  [[nodiscard]] bool first_holder(std::size_t b) const noexcept { return rank < ways[b]; }
+  /// The ways when every bucket has the same (0 when they differ, as Hybrid's may).
+  [[nodiscard]] int uniform_ways() const noexcept {
+    for (int w : ways)
+      if (w != ways.front()) return 0;
+    return ways.empty() ? 1 : ways.front();
+  }
 };
 
 /// Block q of n elements split P ways: its offset from the bucket's start and its size.
@@ -39,34 +53,48 @@ struct shard_plan {
   return {begin, begin + base + (k < extra ? 1 : 0)};
 }
 
-[[nodiscard]] inline shard_plan plan_shards(const std::vector<bucket>& buckets, int ranks, int rank) {
-  if (ranks < 1) throw invalid_argument("ranks", "the group must have at least one rank.", "pass the transport's size().");
-  if (rank < 0 || rank >= ranks)
-    throw invalid_argument("rank", "the rank is outside the group.", "pass the transport's rank(), in [0, size()).");
+/// The plan of `buckets`, bucket b split ways[b] ways, for world rank `rank`.
+[[nodiscard]] inline shard_plan plan_shards(const std::vector<bucket>& buckets, std::span<const int> ways, int rank) {
+  if (ways.size() != buckets.size())
+    throw invalid_argument("ways", fmt::format("{} ways for {} buckets.", ways.size(), buckets.size()), "pass one number of ways per bucket.");
+  for (int w : ways)
+    if (w < 1) throw invalid_argument("ways", "a bucket must be split among at least one rank.", "pass the topology's shard_ways for each bucket.");
+  if (rank < 0) throw invalid_argument("rank", "the rank is negative.", "pass the transport's rank(), in [0, size()).");
   shard_plan s;
-  s.ranks = ranks;
   s.rank = rank;
-  s.counts.reserve(buckets.size() * static_cast<std::size_t>(ranks));
+  s.ways.assign(ways.begin(), ways.end());
+  s.counts_at.reserve(buckets.size());
   s.mine.reserve(buckets.size());
   s.scratch.reserve(buckets.size());
-  for (const bucket& b : buckets) {
-    for (int q = 0; q < ranks; ++q) s.counts.push_back(block_of(b.count, ranks, q).size());
-    const pool_range r = block_of(b.count, ranks, rank);
-    s.mine.push_back({b.offset + r.begin, b.offset + r.end});
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    const int w = ways[b];
+    s.counts_at.push_back(s.counts.size());
+    for (int q = 0; q < w; ++q) s.counts.push_back(block_of(buckets[b].count, w, q).size());
+    const pool_range r = block_of(buckets[b].count, w, rank % w);
+    s.mine.push_back({buckets[b].offset + r.begin, buckets[b].offset + r.end});
     s.scratch.push_back(s.scratch_total);
     s.scratch_total += r.size();
   }
   return s;
 }
 
-/// Rank q's blocks of every bucket, in pool order (empty blocks left out): its shard under a plan
-/// of `buckets` split `ways` ways.
-[[nodiscard]] inline std::vector<pool_range> shard_ranges(const std::vector<bucket>& buckets, int ways, int q) {
+/// Every bucket split `ways` ways (Ring: P; Hierarchical<g>: g), for rank `rank` of those ways.
+[[nodiscard]] inline shard_plan plan_shards(const std::vector<bucket>& buckets, int ways, int rank) {
+  if (ways < 1) throw invalid_argument("ranks", "the group must have at least one rank.", "pass the transport's size().");
+  if (rank < 0 || rank >= ways)
+    throw invalid_argument("rank", "the rank is outside the group.", "pass the transport's rank(), in [0, size()).");
+  const std::vector<int> w(buckets.size(), ways);
+  return plan_shards(buckets, w, rank);
+}
+
+/// World rank r's blocks of every bucket, bucket b split ways[b] ways, in pool order (empty blocks
+/// left out): its shard under that plan.
+[[nodiscard]] inline std::vector<pool_range> shard_ranges(const std::vector<bucket>& buckets, std::span<const int> ways, int r) {
   std::vector<pool_range> out;
   out.reserve(buckets.size());
-  for (const bucket& b : buckets) {
-    const pool_range r = block_of(b.count, ways, q);
-    if (r.size() != 0) out.push_back({b.offset + r.begin, b.offset + r.end});
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    const pool_range g = block_of(buckets[b].count, ways[b], r % ways[b]);
+    if (g.size() != 0) out.push_back({buckets[b].offset + g.begin, buckets[b].offset + g.end});
   }
   return out;
 }
