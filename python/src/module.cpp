@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -208,7 +209,17 @@ PYBIND11_MODULE(_gflow, m) {
       .def("finish", [](exchanger& x) { return x.port->finish(); }, py::call_guard<py::gil_scoped_release>())
       .def("begin_no_sync", [](exchanger& x) { x.port->begin_no_sync(); })
       .def("end_no_sync", [](exchanger& x) { x.port->end_no_sync(); })
-      .def("join", [](exchanger& x) { return x.port->join(); }, py::call_guard<py::gil_scoped_release>())
+      .def("join", [](exchanger& x, py::object step) {
+             // step (a callable taking the iteration's ExchangeStatus, or None): run after each
+             // shadowed iteration, with the GIL.
+             std::function<void(const exchange_status&)> f;
+             if (!step.is_none()) f = [&step](const exchange_status& st) {
+               py::gil_scoped_acquire gil;
+               step(st);
+             };
+             py::gil_scoped_release nogil;
+             return x.port->join(f);
+           }, py::arg("step") = py::none())
       .def_property_readonly("generation", [](const exchanger& x) { return x.port->generation(); })
       .def_property_readonly("iteration", [](const exchanger& x) { return x.port->iteration(); })
       .def_property_readonly("name", [](const exchanger& x) { return x.port->name(); })

@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <sstream>
@@ -38,7 +39,8 @@ class port {
   virtual exchange_status finish() = 0;
   virtual void begin_no_sync() = 0;
   virtual void end_no_sync() = 0;
-  virtual join_status join() = 0;
+  /// after_each (may be empty): run after each shadowed iteration (a sharded rank steps its shard there).
+  virtual join_status join(const std::function<void(const exchange_status&)>& after_each) = 0;
   [[nodiscard]] virtual std::uint64_t generation() const = 0;
   [[nodiscard]] virtual std::uint64_t iteration() const = 0;
   [[nodiscard]] virtual std::string save_state() const = 0;
@@ -156,15 +158,20 @@ class port_for final : public port {
     scope_ = std::make_unique<no_sync_scope>(ex_.no_sync());
   }
   void end_no_sync() override { scope_.reset(); }
-  join_status join() override {
-    if constexpr (set::sharding::sharded)
-      throw invalid_argument("join", "join() with a sharded composition ('" + name() + "') is not built yet: a rank out of data still owns a shard that must be stepped.",
-                             "give every rank the same number of batches, or use a composition without 'shard'.");
-    else if constexpr (set::sparsifier::dense) return ex_.join();
-    else
+  join_status join(const std::function<void(const exchange_status&)>& after_each) override {
+    if constexpr (!set::sparsifier::dense) {
       throw invalid_argument("join", "join() shadows the other ranks with zero contributions, which the residual of composition '" +
                                          name() + "' cannot be.",
                              "use join() with a dense composition (dense, fp16, bf16, fusion=..., funneled, ...).");
+    } else if constexpr (set::sharding::sharded) {
+      if (!after_each)
+        throw invalid_argument("join", "join() with a sharded composition ('" + name() + "') needs a step: a rank out of data still owns a shard that must be stepped.",
+                               "call ShardedOptimizer.join() (it steps the shard after each shadowed iteration), or pass join(step=...).");
+      return ex_.join(after_each);
+    } else {
+      if (after_each) return ex_.join(after_each);
+      return ex_.join();
+    }
   }
   std::uint64_t generation() const override { return ex_.generation(); }
   std::uint64_t iteration() const override { return ex_.iteration(); }

@@ -420,19 +420,50 @@ def test_sharded_step_is_bitwise_the_full_step_with_one_eighth_of_the_state():
     zero.close()
 
 
-def test_sharded_optimizer_refuses_a_composition_without_shard_and_join():
+def test_sharded_optimizer_refuses_a_composition_without_shard_and_a_join_without_a_step():
     params = _model_params(1)
     with pytest.raises(errors.InvalidArgument) as e:
         gt.ShardedOptimizer(torch.optim.SGD, [("p%d" % i, p) for i, p in enumerate(params)], composition="fusion=4MiB", lr=0.1)
     assert e.value.subject == "composition"
     assert gt.canonical_name("Shard+FUSION=4194304") == "fusion=4MiB+shard"
-    zero = gt.ShardedOptimizer(torch.optim.SGD, [("p%d" % i, p) for i, p in enumerate(params)], lr=0.1)
+    zero = gt.ShardedOptimizer(torch.optim.SGD, [("p%d" % i, p) for i, p in enumerate(params)], lr=0.1, uneven_inputs=True)
     with pytest.raises(errors.InvalidArgument) as e:
-        zero._exchanger.join()
+        zero._exchanger.join()  # the module's join without a step: the shard would go unstepped
     assert e.value.subject == "join"
+    assert "needs a step" in str(e.value)
     zero.close()
     plain = gt.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), [("p%d" % i, p) for i, p in enumerate(params)], composition="dense")
     with pytest.raises(errors.UsageError) as e:
         plain._exchanger.gather_shards(np.zeros(plain._pool.numel(), dtype=np.float32))
     assert e.value.subject == "gather_shards"
     plain.close()
+
+
+def test_sharded_join_steps_the_shard_and_ends_with_the_unsharded_jobs_parameters():
+    """Rank r trains 2 + r iterations, then joins. The unsharded job's join() takes the last training
+    rank's parameters; the sharded job's join() steps each rank's shard after each shadowed iteration.
+    Gradients k/64 make every sum exact, so the two jobs' parameters agree to the bit on every rank."""
+    steps = 2 + R
+    full = _model_params(2)
+    sharded = _model_params(2)
+    plain = gt.DistributedOptimizer(torch.optim.SGD(full, lr=0.5, momentum=0.5), [("p%d" % i, p) for i, p in enumerate(full)],
+                                    composition="fusion=4MiB", uneven_inputs=True)
+    for it in range(steps):
+        plain.zero_grad()
+        backward(full, it)
+        plain.step()
+    plain.join()
+    zero = gt.ShardedOptimizer(torch.optim.SGD, [("p%d" % i, p) for i, p in enumerate(sharded)], composition="fusion=4MiB+shard",
+                               lr=0.5, momentum=0.5, uneven_inputs=True)
+    for it in range(steps):
+        zero.zero_grad()
+        backward(sharded, it)
+        zero.step()
+        assert zero.last_status.contributors == P - sum(1 for r in range(P) if 2 + r <= it)
+    js = zero.join()
+    assert js.shadowed == (P - 1) - R
+    for a, b in zip(full, sharded):
+        assert a.detach().numpy().tobytes() == b.detach().numpy().tobytes()
+    gt.verify_replicas([p.detach() for p in sharded])
+    plain.close()
+    zero.close()

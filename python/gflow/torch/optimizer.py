@@ -148,8 +148,22 @@ class _DistributedOptimizer:
         """Uneven inputs (uneven_inputs=True, dense compositions): this rank is out of data. It
         shadows the other ranks' iterations until every rank has joined, then takes the parameters
         and optimizer state of the last rank that trained. Returns gflow's JoinStatus. Broadcast
-        other state (batch norm buffers) from status.last_rank yourself."""
+        other state (batch norm buffers) from status.last_rank yourself. A ShardedOptimizer steps
+        its shard after each shadowed iteration instead (the average of the ranks that trained),
+        so every rank ends with the same parameters and its own shard's state."""
         from . import broadcast_parameters, broadcast_optimizer_state
+        if self._exchanger.sharded:
+            # ShardedOptimizer: this rank still owns a shard. After each iteration it shadows, it
+            # steps the shard and gathers, as the training ranks' step() does, so every rank ends
+            # with the same parameters and keeps its own shard's state: nothing to broadcast.
+            step = super(self.__class__, self).step
+
+            def after_each(status):
+                if status.finite():  # the training ranks skip a non-finite step too
+                    step()
+                else:
+                    self.skipped += 1
+            return self._exchanger.join(step=after_each)
         status = self._exchanger.join()
         broadcast_parameters(self._gparams, status.last_rank)
         broadcast_optimizer_state(self, status.last_rank)
@@ -275,7 +289,8 @@ class _ShardedStep(torch.optim.Optimizer):
         return sum(v.numel() * v.element_size() for st in self.inner.state.values() for v in st.values() if torch.is_tensor(v))
 
 
-def ShardedOptimizer(optimizer_class, named_parameters, composition="fusion=4MiB+shard", find_unused=False, **optimizer_kwargs):
+def ShardedOptimizer(optimizer_class, named_parameters, composition="fusion=4MiB+shard", find_unused=False, uneven_inputs=False,
+                     **optimizer_kwargs):
     """ZeRO-2 over a gflow composition with Sharding<ReduceScatter> ('shard' in its name).
 
     optimizer_class(params, **optimizer_kwargs) is built over this rank's shard of the parameters only
@@ -283,14 +298,15 @@ def ShardedOptimizer(optimizer_class, named_parameters, composition="fusion=4MiB
     state (momentum, Adam's moments) is 1/P of the model's. step(): the reduce-scatter's average in
     this rank's shard of each .grad (the rest of .grad is unspecified), the step of the shard, then
     gather_shards of the weights: every rank holds every parameter again. Everything else is
-    DistributedOptimizer's (zero_grad, no_sync, synchronize, the hooks). Not built yet: join(),
+    DistributedOptimizer's (zero_grad, no_sync, synchronize, the hooks); with uneven_inputs=True a rank
+    out of data calls join(), which steps its shard after each iteration it shadows. Not built yet:
     learn_order, load_state of another pool order.
 
         opt = gt.ShardedOptimizer(torch.optim.SGD, model.named_parameters(), lr=0.1, momentum=0.9)
     """
     named = list(named_parameters)
     host = _ShardedStep([p for _, p in named if isinstance(p, torch.Tensor) and p.requires_grad], optimizer_class, optimizer_kwargs)
-    opt = DistributedOptimizer(host, named, composition=composition, find_unused=find_unused)
+    opt = DistributedOptimizer(host, named, composition=composition, find_unused=find_unused, uneven_inputs=uneven_inputs)
     opt._shard()
     return opt
 
