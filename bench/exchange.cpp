@@ -8,6 +8,7 @@
 //   gflow           Exchanger<Precision<wire>, Fusion> at the threshold, ready() in generation order
 //   --shard:        gflow_shard         the same with Sharding<ReduceScatter> (a reduce-scatter per bucket)
 //                   gflow_shard_gather  gflow_shard, then gather_shards of a pool-sized parameter buffer
+//                   with --topology all (even P): gflow_shard_hierarchical2, gflow_shard_hybrid1M_2
 //                   (the table's vs_gflow column: each one's median / gflow's, ring theory 0.5 and 1.0)
 // Every variant averages (divides by P) and, with a 16-bit wire, divides, casts, reduces with a
 // 16-bit sum operator and casts back, exactly as gflow does. Times are the slowest rank's,
@@ -259,6 +260,16 @@ std::vector<variant_result> run_exchange(const options& o, const gflow::Layout& 
                   },
                   {}});
   }
+  // --shard --topology all: the sharded exchange over Hierarchical<2> and Hybrid<1 MiB, 2> too, each
+  // against its own allreduce above (gflow_hierarchical2, gflow_hybrid1M_2).
+  auto stopo = []<class A>(A) -> std::optional<on_mpi<gflow::Exchanger<gflow::Precision<Wire>, gflow::Fusion<(4u << 20)>, gflow::Topology<A>,
+                                                                          gflow::Sharding<gflow::ReduceScatter>>>> { return std::nullopt; };
+  auto sh2 = stopo(gflow::Hierarchical<2>{});
+  auto shy = stopo(gflow::Hybrid<(1u << 20), 2>{});
+  if (o.shard && o.topologies && P >= 2 && P % 2 == 0) {
+    add_topology(sh2, "gflow_shard_hierarchical2");
+    add_topology(shy, "gflow_shard_hybrid1M_2");
+  }
   // With a 16-bit wire, the fp32 exchange of the same pool in the same run (bench/run exchange
   // --wire fp16 reports gflow / gflow_fp32).
   using E32 = gflow::Exchanger<gflow::Precision<float>, gflow::Fusion<(4u << 20)>>;
@@ -351,11 +362,17 @@ int run_exchange_suite(const options& o, const gflow::Layout& l, const std::stri
     all.insert(all.end(), rs.begin(), rs.end());
   }
   if (rank == 0) {
-    std::fprintf(stderr, "%-20s %14s %6s %12s %12s %12s %10s %8s %8s\n", "variant", "threshold_B", "colls", "median_ms", "p10_ms", "p90_ms", "vs_bucket",
-                 "paired", o.shard ? "vs_gflow" : o.wire == "fp32" ? "" : "vs_fp32");
-    std::map<std::size_t, double> bucketed, fp32, plain;
+    std::fprintf(stderr, "%-26s %14s %6s %12s %12s %12s %10s %8s %9s\n", "variant", "threshold_B", "colls", "median_ms", "p10_ms", "p90_ms", "vs_bucket",
+                 "paired", o.shard ? "vs_allred" : o.wire == "fp32" ? "" : "vs_fp32");
+    std::map<std::size_t, double> bucketed, fp32;
+    std::map<std::pair<std::string, std::size_t>, double> plain;  // every gflow variant: a sharded one's allreduce
+    // A sharded variant's allreduce: gflow_shard_hierarchical2 -> gflow_hierarchical2; gflow_shard(_gather) -> gflow.
+    auto base_of = [](const std::string& n) -> std::string {
+      const std::string rest = n.size() > 12 ? n.substr(12) : "";
+      return n.rfind("gflow_shard_", 0) == 0 && rest != "gather" ? "gflow_" + rest : "gflow";
+    };
     for (auto& r : all) {
-      if (r.name == "gflow") plain[r.threshold] = r.s.median;
+      if (r.name.rfind("gflow", 0) == 0) plain[{r.name, r.threshold}] = r.s.median;
       if (r.name == "mpi_bucketed") bucketed[r.threshold] = r.s.median;
       if (r.name == "gflow_fp32") fp32[r.threshold] = r.s.median;
     }
@@ -364,8 +381,9 @@ int run_exchange_suite(const options& o, const gflow::Layout& l, const std::stri
       const bool ours = r.name.rfind("gflow", 0) == 0;
       const double ratio = (ours && bucketed.count(r.threshold)) ? r.s.median / bucketed[r.threshold] : 0.0;
       const double vs32 = (r.name == "gflow" && fp32.count(r.threshold)) ? r.s.median / fp32[r.threshold] : 0.0;
-      const double vsg = (r.name.rfind("gflow_shard", 0) == 0 && plain.count(r.threshold)) ? r.s.median / plain[r.threshold] : 0.0;
-      std::fprintf(stderr, "%-20s %14zu %6zu %12.3f %12.3f %12.3f %10s %8s %8s\n", r.name.c_str(), r.threshold, r.collectives, r.s.median * 1e3,
+      const std::string base = base_of(r.name);
+      const double vsg = (r.name.rfind("gflow_shard", 0) == 0 && plain.count({base, r.threshold})) ? r.s.median / plain[{base, r.threshold}] : 0.0;
+      std::fprintf(stderr, "%-26s %14zu %6zu %12.3f %12.3f %12.3f %10s %8s %9s\n", r.name.c_str(), r.threshold, r.collectives, r.s.median * 1e3,
                    r.s.p10 * 1e3, r.s.p90 * 1e3, fmt(ratio).c_str(), fmt(r.paired_ratio).c_str(), fmt(o.shard ? vsg : vs32).c_str());
       std::printf(
           "{\"suite\":\"exchange\",\"layout\":\"%s\",\"ranks\":%d,\"variant\":\"%s\",\"wire\":\"%s\",\"threshold_bytes\":%zu,"
@@ -375,7 +393,7 @@ int run_exchange_suite(const options& o, const gflow::Layout& l, const std::stri
           ratio > 0 ? (",\"ratio_vs_mpi_bucketed\":" + std::to_string(ratio)).c_str() : "",
           r.paired_ratio > 0 ? (",\"paired_ratio_vs_mpi_bucketed\":" + std::to_string(r.paired_ratio)).c_str() : "",
           vs32 > 0 ? (",\"ratio_vs_gflow_fp32\":" + std::to_string(vs32)).c_str() : "",
-          vsg > 0 ? (",\"ratio_vs_gflow\":" + std::to_string(vsg)).c_str() : "");
+          vsg > 0 ? (",\"ratio_vs_" + base + "\":" + std::to_string(vsg)).c_str() : "");
     }
     if (o.sweep) {
       const variant_result* best = nullptr;

@@ -34,6 +34,8 @@
   python3 bench/plot.py shard RESULTS.jsonl... [-o docs/sharding.png]
       exchange --shard and overlap --shard rows: the reduce-scatter (and with gather_shards) over the
       allreduce per network and run, and the hidden fraction with and without sharding.
+  python3 bench/plot.py shardtopo RESULTS.jsonl [-o docs/sharding_topologies.png]
+      exchange --shard --topology all rows: each topology's sharded exchange against its own allreduce.
 Every kind but trace takes --run K: only the rows of run K. The N runs of one configuration are
 one file (bench/measure.sh --repeats N), each row beginning {"run":K, ; without --run every run
 is read, and the tables above keep the runs apart (one table, or one line, per run).
@@ -46,7 +48,7 @@ from collections import defaultdict
 
 from plot_autotune import autotune_table, tuner_runs  # noqa: E402 (the auto-tuner's kinds)
 from plot_common import hidden_fractions, load, run_of
-from plot_shard import shard_report
+from plot_shard import shard_report, shard_topology_report
 from plot_sim import sim_report
 
 
@@ -330,7 +332,7 @@ def loops_report(rows, out=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["sweep", "table", "sparse", "kernels", "trace", "autotune", "tuner", "model", "loops", "shard", "sim"])
+    ap.add_argument("kind", choices=["sweep", "table", "sparse", "kernels", "trace", "autotune", "tuner", "model", "loops", "shard", "shardtopo", "sim"])
     ap.add_argument("inputs", nargs="+")
     ap.add_argument("-o", "--output")
     ap.add_argument("--iteration", type=int)
@@ -361,6 +363,8 @@ def main():
         loops_report(rows, a.output)
     elif a.kind == "shard":
         shard_report(rows, a.output)
+    elif a.kind == "shardtopo":
+        shard_topology_report(rows, a.output)
     elif a.kind == "sim":
         sim_report(rows, a.output)
     else:

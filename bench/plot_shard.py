@@ -81,3 +81,54 @@ def shard_report(rows, out=None):
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     print(f"\nwrote {out}")
+
+
+TOPOLOGIES = (("Ring", "gflow", "gflow_shard"), ("Hierarchical<2>", "gflow_hierarchical2", "gflow_shard_hierarchical2"),
+              ("Hybrid<1 MiB, 2>", "gflow_hybrid1M_2", "gflow_shard_hybrid1M_2"))
+
+
+def shard_topology_report(rows, out=None):
+    """exchange --shard --topology all rows with "network" and "run" fields (and, where Open MPI's
+    reduce-scatter algorithm was forced, "reduce_scatter_algorithm"): each topology's sharded exchange
+    against its own allreduce, per network and run (docs/BENCHMARKS.md section 7a)."""
+    runs = defaultdict(dict)  # (network, algorithm, run) -> variant -> median_s
+    for r in rows:
+        if r.get("suite") == "exchange":
+            key = (r.get("network", "?"), r.get("reduce_scatter_algorithm", "default"), r.get("run", 0))
+            runs[key][r["variant"]] = r["median_s"]
+    print("| network | reduce-scatter | run | " + " | ".join(f"{t} allreduce ms | shard ms (/ allreduce)" for t, _, _ in TOPOLOGIES) + " |")
+    print("|---|---|---:|" + "---:|---:|" * len(TOPOLOGIES))
+    bars = []  # (label, [ratio per topology])
+    for key in sorted(runs, key=str):
+        v = runs[key]
+        cells, rs = [], []
+        for _, plain, shard in TOPOLOGIES:
+            if plain in v and shard in v:
+                cells += [f"{1e3 * v[plain]:.1f}", f"{1e3 * v[shard]:.1f} ({v[shard] / v[plain]:.3f})"]
+                rs.append(v[shard] / v[plain])
+            else:
+                cells += ["-", "-"]
+                rs.append(float("nan"))
+        print(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + " |")
+        bars.append((f"{key[0]}\nreduce-scatter {key[1]}, run {key[2]}", rs))
+    if not out or not bars:
+        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    w = 0.8 / len(TOPOLOGIES)
+    for j, (name, _, _) in enumerate(TOPOLOGIES):
+        ax.bar([i + (j - 1) * w for i in range(len(bars))], [b[1][j] for b in bars], w, label=name, color=f"C{j}")
+    for y, style, text in ((0.5, ":", "half the allreduce (ring theory)"), (1.0, "--", "its own allreduce")):
+        ax.axhline(y, color="gray", ls=style, lw=1)
+        ax.text(len(bars) - 0.5, y, text, fontsize=7, va="bottom", ha="right", color="gray")
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels([b[0] for b in bars], fontsize=7)
+    ax.set_ylabel("sharded exchange / its topology's allreduce")
+    ax.set_title("Sharding<ReduceScatter> by topology: ResNet-50, 4 ranks, emulated networks (flat: 1 Gbit/s; two: 10 Gbit/s in groups of 2, 1 between)",
+                 fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"\nwrote {out}")
