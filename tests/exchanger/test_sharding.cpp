@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <limits>
 #include <mutex>
+#include <utility>
 #include <sstream>
 #include <vector>
 
@@ -412,24 +413,42 @@ TEST_CASE("sharding: Fusion<Auto> re-plans while it tunes; a ZeRO-2 step that mo
   }
 }
 
-// Hierarchical<g>: the group's g ranks split each bucket; every group holds the whole average.
-template <int G>
-void hierarchical_shard_matches(int P) {
-  using F = Fusion<256>;
-  using Plain = Exchanger<F, Topology<Hierarchical<G>>>;
-  using Sharded = Exchanger<F, Topology<Hierarchical<G>>, Sharding<ReduceScatter>>;
+// Hybrid<t, g>: a bucket below t bytes on the wire is split in the group (two levels), one at or
+// above it among all P ranks. In each aligned set of ways[b] ranks, the blocks of bucket b are
+// within one element of count / ways[b] and cover it once.
+void check_split_cover(const std::vector<std::vector<pool_range>>& shards, const std::vector<bucket>& buckets, const std::vector<int>& ways) {
+  const int P = static_cast<int>(shards.size());
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    const int w = ways[b];
+    REQUIRE(P % w == 0);
+    for (int k = 0; k < P / w; ++k) {
+      std::vector<int> owners(buckets[b].count, 0);
+      for (int q = 0; q < w; ++q) {
+        const pool_range g = shards[static_cast<std::size_t>(k * w + q)][b];
+        REQUIRE(g.begin >= buckets[b].offset);
+        REQUIRE(g.end <= buckets[b].offset + buckets[b].count);
+        CHECK(std::abs(static_cast<double>(g.size()) - static_cast<double>(buckets[b].count) / w) < 1.0);
+        for (std::size_t e = g.begin; e < g.end; ++e) ++owners[e - buckets[b].offset];
+      }
+      CHECK(std::all_of(owners.begin(), owners.end(), [](int c) { return c == 1; }));
+    }
+  }
+}
+
+// Plain and Sharded over the same layout on P ranks, three iterations: the shard holds the
+// unsharded exchange's bits, and a ZeRO-2 step is bitwise the full step. Returns every rank's shard
+// and the buckets.
+template <class Plain, class Sharded>
+std::pair<std::vector<std::vector<pool_range>>, std::vector<bucket>> shards_after_matching(int P, const Layout& l, int seed) {
   std::mutex mu;
   std::vector<std::vector<pool_range>> shards(static_cast<std::size_t>(P));
   std::vector<bucket> buckets;
-  std::size_t total = 0;
   inproc::run(P, [&](inproc::transport& t) {
-    const Layout l = layout_a();
     on_inproc<Plain> a(t, l);
     on_inproc<Sharded> b(t, l);
     const std::size_t n = a.pool_size();
-    std::vector<float> wa(n), wb(n), hu_full(n, 0.0f), hu_shard;
-    for (std::size_t j = 0; j < n; ++j) wa[j] = wb[j] = uniform_value(98, 0, j, 0);
-    for (const pool_range g : b.shard()) hu_shard.resize(hu_shard.size() + g.size(), 0.0f);
+    std::vector<float> wa(n), wb(n), hu_full(n, 0.0f), hu_shard(indices_of(b.shard()).size(), 0.0f);
+    for (std::size_t j = 0; j < n; ++j) wa[j] = wb[j] = uniform_value(seed, 0, j, 0);
     for (int it = 0; it < 3; ++it) {
       REQUIRE(exchange_values(a, t.rank(), it).finite());
       REQUIRE(exchange_values(b, t.rank(), it).finite());
@@ -439,10 +458,17 @@ void hierarchical_shard_matches(int P) {
     std::lock_guard lk(mu);
     shards[static_cast<std::size_t>(t.rank())].assign(b.shard().begin(), b.shard().end());
     buckets = b.buckets();
-    total = b.pool_size();
   });
-  for (int k = 0; k < P / G; ++k)  // each group's shards cover the pool once
-    check_cover({shards.begin() + k * G, shards.begin() + (k + 1) * G}, buckets, total);
+  return {shards, buckets};
+}
+
+// Hierarchical<g>: the group's g ranks split each bucket; every group holds the whole average.
+template <int G>
+void hierarchical_shard_matches(int P) {
+  using F = Fusion<256>;
+  const auto [shards, buckets] =
+      shards_after_matching<Exchanger<F, Topology<Hierarchical<G>>>, Exchanger<F, Topology<Hierarchical<G>>, Sharding<ReduceScatter>>>(P, layout_a(), 98);
+  check_split_cover(shards, buckets, std::vector<int>(buckets.size(), G));  // each group's shards cover every bucket once
 }
 
 TEST_CASE("sharding: Hierarchical<g> splits each bucket among the group and allreduces each block across groups, bitwise") {
@@ -474,55 +500,13 @@ TEST_CASE("sharding: Hierarchical<g> splits each bucket among the group and allr
   });
 }
 
-// Hybrid<t, g>: a bucket below t bytes on the wire is split in the group (two levels), one at or
-// above it among all P ranks. In each aligned set of ways[b] ranks, the blocks of bucket b are
-// within one element of count / ways[b] and cover it once.
-void check_split_cover(const std::vector<std::vector<pool_range>>& shards, const std::vector<bucket>& buckets, const std::vector<int>& ways) {
-  const int P = static_cast<int>(shards.size());
-  for (std::size_t b = 0; b < buckets.size(); ++b) {
-    const int w = ways[b];
-    REQUIRE(P % w == 0);
-    for (int k = 0; k < P / w; ++k) {
-      std::vector<int> owners(buckets[b].count, 0);
-      for (int q = 0; q < w; ++q) {
-        const pool_range g = shards[static_cast<std::size_t>(k * w + q)][b];
-        REQUIRE(g.begin >= buckets[b].offset);
-        REQUIRE(g.end <= buckets[b].offset + buckets[b].count);
-        CHECK(std::abs(static_cast<double>(g.size()) - static_cast<double>(buckets[b].count) / w) < 1.0);
-        for (std::size_t e = g.begin; e < g.end; ++e) ++owners[e - buckets[b].offset];
-      }
-      CHECK(std::all_of(owners.begin(), owners.end(), [](int c) { return c == 1; }));
-    }
-  }
-}
-
 // The sharded Hybrid exchange against the unsharded one (the shard's bits and a ZeRO-2 step, three
 // iterations), and the split of each bucket: its ways are G below 1024 bytes, P at or above.
 template <int G>
 void hybrid_shard_matches(int P) {
   using Topo = Topology<Hybrid<1024, G>>;
-  using Plain = Exchanger<Fusion<256>, Topo>;
-  using Sharded = Exchanger<Fusion<256>, Topo, Sharding<ReduceScatter>>;
-  std::mutex mu;
-  std::vector<std::vector<pool_range>> shards(static_cast<std::size_t>(P));
-  std::vector<bucket> buckets;
-  inproc::run(P, [&](inproc::transport& t) {
-    const Layout l = layout_b();  // 1000 and 257 elements go ring (4000 and 1028 bytes), 1, 2 and 5 hierarchical
-    on_inproc<Plain> a(t, l);
-    on_inproc<Sharded> b(t, l);
-    const std::size_t n = a.pool_size();
-    std::vector<float> wa(n), wb(n), hu_full(n, 0.0f), hu_shard(indices_of(b.shard()).size(), 0.0f);
-    for (std::size_t j = 0; j < n; ++j) wa[j] = wb[j] = uniform_value(97, 0, j, 0);
-    for (int it = 0; it < 3; ++it) {
-      REQUIRE(exchange_values(a, t.rank(), it).finite());
-      REQUIRE(exchange_values(b, t.rank(), it).finite());
-      for (const pool_range g : b.shard()) CHECK(same_bits(a.pool_data() + g.begin, b.pool_data() + g.begin, g.size()));
-      step_and_compare(a, b, wa, wb, hu_full, hu_shard);
-    }
-    std::lock_guard lk(mu);
-    shards[static_cast<std::size_t>(t.rank())].assign(b.shard().begin(), b.shard().end());
-    buckets = b.buckets();
-  });
+  // layout_b: 1000 and 257 elements go ring (4000 and 1028 bytes), 1, 2 and 5 hierarchical
+  const auto [shards, buckets] = shards_after_matching<Exchanger<Fusion<256>, Topo>, Exchanger<Fusion<256>, Topo, Sharding<ReduceScatter>>>(P, layout_b(), 97);
   std::vector<int> ways;
   for (const bucket& bk : buckets) ways.push_back(bk.count * sizeof(float) < 1024 ? G : P);
   REQUIRE(std::find(ways.begin(), ways.end(), P) != ways.end());  // both kinds of bucket
