@@ -5,6 +5,9 @@
 #   bench/simulate.sh run P --platform NAME|FILE [--local-work host|none] [--cores C] [--fold BYTES]
 #                           -- SUITE <bench/run options>
 #   e.g. bench/simulate.sh run 64 --platform 10gbe -- sparse --layout resnet20 --density 0.001
+#   bench/simulate.sh exec P --platform NAME|FILE [the same options] -- PROGRAM ARGS
+#       any program built by smpicxx (e.g. tests/sim/bitwise.cpp, ctest sim_bitwise_16) on the same
+#       simulated cluster with the same SMPI settings; its output as it prints it
 #   bench/simulate.sh platforms      (lists bench/platforms/*.xml)
 #   bench/simulate.sh validate P [P...] -- SUITE <options>      (root: uses bench/netem.sh)
 #       for each P, back to back: the suite on bench/netem.sh's emulated 1 Gbit/s network (P ranks
@@ -92,7 +95,7 @@ if [[ "$cmd" == "validate" ]]; then
   rm -f "$out"
   exit 0
 fi
-[[ "$cmd" == "run" ]] || usage "the first argument is run, validate or platforms"
+[[ "$cmd" == "run" || "$cmd" == "exec" ]] || usage "the first argument is run, exec, validate or platforms"
 P="${2:-}"
 [[ "$P" =~ ^[1-9][0-9]*$ ]] || usage "P must be a positive integer, got '${P}'"
 shift 2
@@ -107,15 +110,17 @@ while (($#)); do
     *) usage "unknown option '$1' (the benchmark's own options go after --)" ;;
   esac
 done
-(($#)) || usage "the benchmark's suite and options go after --"
+(($#)) || usage "the benchmark's suite and options (exec: the program and its arguments) go after --"
 [[ -n "$platform" ]] || usage "--platform is required ($(cd "$root/bench/platforms" && ls *.xml | sed 's/\.xml//' | tr '\n' ' '), or an XML file)"
 [[ "$local_work" == host || "$local_work" == none ]] || usage "--local-work takes host or none (a GPU's times are not built yet), got '$local_work'"
 [[ -z "$cores" || "$cores" =~ ^[1-9][0-9]*$ ]] || usage "--cores takes a positive integer, got '$cores'"
 [[ "$fold" =~ ^[0-9]+$ ]] || usage "--fold takes a size in bytes, got '$fold'"
-for a in "$@"; do
-  [[ "$a" == "--ranks" ]] && usage "the ranks are P (bench/simulate.sh run P), not --ranks"
-  [[ "$a" == "inproc" ]] && usage "--transport inproc runs threads of one process: nothing to simulate"
-done
+if [[ "$cmd" == run ]]; then
+  for a in "$@"; do
+    [[ "$a" == "--ranks" ]] && usage "the ranks are P (bench/simulate.sh run P), not --ranks"
+    [[ "$a" == "inproc" ]] && usage "--transport inproc runs threads of one process: nothing to simulate"
+  done
+fi
 if [[ -f "$platform" ]]; then xml="$(cd "$(dirname "$platform")" && pwd)/$(basename "$platform")"; name="$(basename "$platform" .xml)"
 elif [[ -f "$root/bench/platforms/$platform.xml" ]]; then xml="$root/bench/platforms/$platform.xml"; name="$platform"
 else usage "no platform '$platform' (bench/simulate.sh platforms lists them; or give an XML file)"; fi
@@ -125,7 +130,10 @@ command -v smpicxx >/dev/null && command -v smpirun >/dev/null ||
 build="${GFLOW_SIM_BUILD:-$root/build-sim}"
 bin="$build/gflow_bench"
 srcs=(gflow_bench.cpp common.cpp exchange.cpp overlap.cpp sparse.cpp model.cpp kernels.cpp simulate_alloc.cpp)
-if [[ ! -x "$bin" || -n "$(find "$root/include" "$root/bench" -newer "$bin" \( -name '*.[hc]pp' \) -print -quit)" ]]; then
+if [[ "$cmd" == exec ]]; then
+  bin="$1"; shift
+  [[ -e "$bin" ]] || usage "exec: '$bin' is not a program built by smpicxx"
+elif [[ ! -x "$bin" || -n "$(find "$root/include" "$root/bench" -newer "$bin" \( -name '*.[hc]pp' \) -print -quit)" ]]; then
   echo "bench/simulate.sh: building $bin with smpicxx (about 90 s on 2 cores)" >&2
   mkdir -p "$build"
   smpicxx -std=c++20 -O2 -DNDEBUG -I"$root/include" -DGFLOW_LAYOUT_DIR="\"$root/bench/layouts\"" \
@@ -150,5 +158,9 @@ fi
 echo "bench/simulate.sh: $P simulated ranks on $name, local work: $local_work (x$slowdown), folded above: ${fold} B" >&2
 tag="\"simulated\":true,\"platform\":\"$name\",\"local_work\":\"$local_work\",\"host_slowdown\":$slowdown,\"folded_above_bytes\":$fold,"
 rc=0
-smpirun -np "$P" -platform "$xml" -hostfile "$hosts" "${cfg[@]}" "$bin" "$@" | sed -u "s/^{/{$tag/" || rc=$?
+if [[ "$cmd" == exec ]]; then
+  smpirun -np "$P" -platform "$xml" -hostfile "$hosts" "${cfg[@]}" "$bin" "$@" || rc=$?
+else
+  smpirun -np "$P" -platform "$xml" -hostfile "$hosts" "${cfg[@]}" "$bin" "$@" | sed -u "s/^{/{$tag/" || rc=$?
+fi
 exit "$rc"

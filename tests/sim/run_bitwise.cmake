@@ -1,20 +1,13 @@
 # ctest sim_bitwise_16: the in-process reference and the SMPI run of tests/sim/bitwise.cpp must print
 # the same digests, line for line (one per composition, iteration and rank).
-#   -DREFERENCE=exe -DSIMULATED=so -DSMPIRUN=smpirun -DPLATFORM=xml -DWORK=dir
+#   -DREFERENCE=exe -DSIMULATED=so -DSIMULATE=bench/simulate.sh -DPLATFORM=xml
 set(P 16)
-set(hosts "")
-math(EXPR last "${P} - 1")
-foreach(i RANGE ${last})
-  string(APPEND hosts "node-${i}\n")
-endforeach()
-file(WRITE ${WORK}/sim_bitwise_hosts "${hosts}")
 execute_process(COMMAND ${REFERENCE} OUTPUT_VARIABLE ref RESULT_VARIABLE rc_ref ERROR_VARIABLE err_ref TIMEOUT 120)
 if(NOT rc_ref EQUAL 0)
   message(FATAL_ERROR "in-process reference failed (${rc_ref}):\n${err_ref}")
 endif()
-execute_process(COMMAND ${SMPIRUN} -np ${P} -platform ${PLATFORM} -hostfile ${WORK}/sim_bitwise_hosts --cfg=smpi/coll-selector:ompi
-                        --log=root.thres:warning --log=smpi_coll.thres:warning --log=xbt_cfg.thres:warning --log=smpi_config.thres:warning
-                        ${SIMULATED}
+# bench/simulate.sh exec: the hosts, the collective selector and the SMPI settings of every simulated run.
+execute_process(COMMAND bash ${SIMULATE} exec ${P} --platform ${PLATFORM} -- ${SIMULATED}
                 OUTPUT_VARIABLE sim RESULT_VARIABLE rc_sim ERROR_VARIABLE err_sim TIMEOUT 240)
 if(NOT rc_sim EQUAL 0)
   message(FATAL_ERROR "SMPI run failed (${rc_sim}):\n${err_sim}")
