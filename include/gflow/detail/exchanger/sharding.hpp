@@ -14,6 +14,7 @@
 #include "../../error.hpp"
 #include "../../options.hpp"
 #include "../../transport/transport.hpp"
+#include "../engines/concepts.hpp"
 #include "../plan/shards.hpp"
 #include "consistency.hpp"
 
@@ -61,10 +62,12 @@ struct sharding_steps {
   /// the same point on every rank, before any bucket launches.
   template <class Ex>
   static void sync(Ex& ex) {
-    if (ways_of(ex) == ex.shards_.ways) return;
-    plan(ex, false);
-    ex.sparsifier_->replan();
-    ex.runner_->replan();
+    if constexpr (switched_topology<typename Ex::engine_t>) {  // Ring and Hierarchical<g>: the ways never move
+      if (ways_of(ex) == ex.shards_.ways) return;
+      plan(ex, false);
+      ex.sparsifier_->replan();
+      ex.runner_->replan();
+    }
   }
 
   /// Each rank counted inf / NaN in its own shard only; the status must be the same on every rank
@@ -151,12 +154,13 @@ struct shard_history {
     std::vector<std::vector<pool_range>> incoming(ranks);
     for (int q = 0; q < P; ++q) {
       const auto k = static_cast<std::size_t>(q);
-      for (const pool_range& r : plan::intersect_ranges(held_for(me, q), plan::shard_ranges(current_buckets, current_ways, q))) {
+      for (const pool_range& r : plan::intersect_ranges(plan::held_ranges(previous_buckets, previous_ways, me, q),
+                                                        plan::shard_ranges(current_buckets, current_ways, q))) {
         const std::size_t at = plan::packed_offset(mine_before, r.begin);
         send.insert(send.end(), state.begin() + static_cast<std::ptrdiff_t>(at), state.begin() + static_cast<std::ptrdiff_t>(at + r.size()));
         scounts[k] += r.size();
       }
-      incoming[k] = plan::intersect_ranges(held_for(q, me), mine_now);
+      incoming[k] = plan::intersect_ranges(plan::held_ranges(previous_buckets, previous_ways, q, me), mine_now);
       for (const pool_range& r : incoming[k]) rcounts[k] += r.size();
     }
     std::size_t rtotal = 0;
@@ -178,18 +182,6 @@ struct shard_history {
   }
 
  private:
-  // Rank s's blocks of the previous plan that rank r takes from it: those of the buckets where s
-  // is in r's aligned set of the bucket's ways (ascending).
-  [[nodiscard]] std::vector<pool_range> held_for(int s, int r) const {
-    std::vector<pool_range> out;
-    for (std::size_t b = 0; b < previous_buckets.size(); ++b) {
-      const int w = previous_ways[b];
-      if (s / w != r / w) continue;
-      const pool_range g = plan::block_of(previous_buckets[b].count, w, s % w);
-      if (g.size() != 0) out.push_back({previous_buckets[b].offset + g.begin, previous_buckets[b].offset + g.end});
-    }
-    return out;
-  }
   static void check_size(std::size_t got, std::size_t want, std::uint64_t from) {
     if (got != want)
       throw invalid_argument("state", fmt::format("move_shard_state got {} values; this rank's shard of generation {} holds {}.", got, from, want),

@@ -87,16 +87,25 @@ struct shard_plan {
   return plan_shards(buckets, w, rank);
 }
 
-/// World rank r's blocks of every bucket, bucket b split ways[b] ways, in pool order (empty blocks
-/// left out): its shard under that plan.
-[[nodiscard]] inline std::vector<pool_range> shard_ranges(const std::vector<bucket>& buckets, std::span<const int> ways, int r) {
+/// Rank s's blocks, bucket b split ways[b] ways, of the buckets where s is in rank r's aligned set
+/// of ways[b] (those r takes from s when state follows a re-plan), in pool order, empty blocks left
+/// out.
+[[nodiscard]] inline std::vector<pool_range> held_ranges(const std::vector<bucket>& buckets, std::span<const int> ways, int s, int r) {
   std::vector<pool_range> out;
   out.reserve(buckets.size());
   for (std::size_t b = 0; b < buckets.size(); ++b) {
-    const pool_range g = block_of(buckets[b].count, ways[b], r % ways[b]);
+    const int w = ways[b];
+    if (s / w != r / w) continue;
+    const pool_range g = block_of(buckets[b].count, w, s % w);
     if (g.size() != 0) out.push_back({buckets[b].offset + g.begin, buckets[b].offset + g.end});
   }
   return out;
+}
+
+/// World rank r's blocks of every bucket, bucket b split ways[b] ways, in pool order (empty blocks
+/// left out): its shard under that plan.
+[[nodiscard]] inline std::vector<pool_range> shard_ranges(const std::vector<bucket>& buckets, std::span<const int> ways, int r) {
+  return held_ranges(buckets, ways, r, r);
 }
 
 /// The elements two ascending lists of disjoint ranges share, ascending.
