@@ -9,8 +9,13 @@
 // Output: a table on stderr, one JSON object per variant on stdout (rank 0 only).
 #include "common.hpp"
 
+#include <cstddef>
 #include <cstdio>
 #include <string>
+
+// bench/simulate.sh --fold folds the arrays shaped like this pool (bench/simulate_fold.cpp, linked
+// only into the simulated build; absent elsewhere).
+extern "C" __attribute__((weak)) void gflow_sim_fold_elements(std::size_t);
 
 int main(int argc, char** argv) {
   using namespace gflow_bench;
@@ -50,6 +55,7 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
+  if (gflow_sim_fold_elements != nullptr) gflow_sim_fold_elements(l.total_numel());
   g_backward_order = backward_order(l, o.layout);
   std::string layout_name = o.layout;
   if (auto s = layout_name.find_last_of('/'); s != std::string::npos) layout_name = layout_name.substr(s + 1);

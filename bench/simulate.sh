@@ -52,12 +52,20 @@
 #   A GPU's kernel times (scripts/gpu-check.sh's H200 figures) are not wired in: not built yet.
 #
 # Memory: every simulated rank lives in this one process, so a run needs about P times one rank's
-# memory (resnet50's sparse suite: about 0.55 GB a rank). --fold BYTES folds every block of at least
-# BYTES (SMPI's shared malloc, global mode; bench/simulate_alloc.cpp routes operator new through
-# it): all ranks' folded buffers then share one physical block, so the gradient values are no
-# longer each rank's own. Measured: the selection then meets ties everywhere and takes ~18x this
-# host's unfolded time, and the ranks select the same entries; so folded runs are only meaningful
-# with --local-work none, and even then a sparse scheme's traffic follows the folded values.
+# memory (resnet50's sparse suite: about 0.85 GB a rank). --fold BYTES folds the pool-shaped arrays
+# of at least BYTES (2, 4 or 8 bytes per pool element: pool, residual, the selection's keys, the
+# benchmark's gradient; bench/simulate_fold.cpp, with malloc and operator new routed to it by
+# bench/simulate_alloc.cpp): every rank's array of the same role (call stack, size, slot) is then
+# the same memory. Buffers sized by k or P (received blocks, entry lists) stay each rank's own:
+# folded, one rank's received block would be another's. What it changes: the ranks' pools,
+# residuals and gradients are one array, so each rank computes on values the others also wrote;
+# the message sizes of dense, TopK, GTopK and CSC do not depend on the values, OkTopK's do.
+# Measured (ResNet-50, 16 ranks, 10gbe, --local-work none, --fold 4000000): 3.7 GB instead of
+# 13.7, the same simulated time for dense, TopK, GTopK and CSC, OkTopK within 3% (1.67 ms against
+# 1.69 at d = 0.001, 8.79 against 9.04 at d = 0.01) though rank 0's bytes differ (397 KB against
+# 205; 2.0 MB against 3.9). Folded runs that charge this host's local work are not yet compared
+# with unfolded ones: fold with --local-work none. OkTopK's private buffers (reserved for its bounds, k_max x P) are what is
+# left: 10.7 GB at 64 ranks.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage() {
@@ -133,11 +141,14 @@ srcs=(gflow_bench.cpp common.cpp exchange.cpp overlap.cpp sparse.cpp model.cpp k
 if [[ "$cmd" == exec ]]; then
   bin="$1"; shift
   [[ -e "$bin" ]] || usage "exec: '$bin' is not a program built by smpicxx"
-elif [[ ! -x "$bin" || -n "$(find "$root/include" "$root/bench" -newer "$bin" \( -name '*.[hc]pp' \) -print -quit)" ]]; then
+elif [[ ! -x "$bin" || ! -e "$build/libgflow_simfold.so" || -n "$(find "$root/include" "$root/bench" -newer "$bin" \( -name '*.[hc]pp' \) -print -quit)" ]]; then
   echo "bench/simulate.sh: building $bin with smpicxx (about 90 s on 2 cores)" >&2
   mkdir -p "$build"
-  smpicxx -std=c++20 -O2 -DNDEBUG -I"$root/include" -DGFLOW_LAYOUT_DIR="\"$root/bench/layouts\"" \
-    "${srcs[@]/#/$root/bench/}" -o "$bin.tmp" -lfmt 2> >(grep -v "^$" >&2)
+  # The fold table (bench/simulate_fold.cpp) is a library of its own: SMPI gives every rank a
+  # private copy of the benchmark, but loads the libraries it links once.
+  g++ -std=c++20 -O2 -shared -fPIC "$root/bench/simulate_fold.cpp" -o "$build/libgflow_simfold.so" -ldl
+  smpicxx -std=c++20 -O2 -DNDEBUG -DSMPI_NO_OVERRIDE_MALLOC -I"$root/include" -DGFLOW_LAYOUT_DIR="\"$root/bench/layouts\"" \
+    "${srcs[@]/#/$root/bench/}" -o "$bin.tmp" -lfmt -L"$build" -lgflow_simfold -Wl,-rpath,"$build" 2> >(grep -v "^$" >&2)
   mv "$bin.tmp" "$bin"
 fi
 
@@ -154,7 +165,7 @@ cfg=(--cfg=smpi/host-speed:"${slowdown}Gf" --cfg=smpi/coll-selector:ompi
 if (((P & (P - 1)) != 0 && (P < 4 || (P >= 64 && P < 128) || (P >= 256 && P < 1024)))); then
   cfg+=(--cfg=smpi/alltoallv:ring)  # Open MPI's pairwise where SMPI's refuses this P (header)
 fi
-((fold > 0)) && cfg+=(--cfg=smpi/auto-shared-malloc-thresh:"$fold" --cfg=smpi/shared-malloc:global)
+export GFLOW_SIM_FOLD_BYTES="$fold"  # read by libgflow_simfold.so (bench/simulate_fold.cpp); 0: nothing folded
 echo "bench/simulate.sh: $P simulated ranks on $name, local work: $local_work (x$slowdown), folded above: ${fold} B" >&2
 tag="\"simulated\":true,\"platform\":\"$name\",\"local_work\":\"$local_work\",\"host_slowdown\":$slowdown,\"folded_above_bytes\":$fold,"
 rc=0
