@@ -2,7 +2,8 @@
 # Runs gflow's benchmark (the same suites and JSON lines as bench/run) on P simulated ranks of a
 # simulated cluster, with SimGrid's SMPI (Debian: libsimgrid-dev, smpicxx / smpirun):
 #
-#   bench/simulate.sh run P --platform NAME|FILE [--local-work host|none] [--cores C] [--fold BYTES]
+#   bench/simulate.sh run P --platform NAME|FILE [--local-work host|none|gpu-h200] [--cores C] [--fold BYTES]
+#                           [--smpi-cfg NAME:VALUE ...]
 #                           -- SUITE <bench/run options>
 #   e.g. bench/simulate.sh run 64 --platform 10gbe -- sparse --layout resnet20 --density 0.001
 #   bench/simulate.sh exec P --platform NAME|FILE [the same options] -- PROGRAM ARGS
@@ -15,8 +16,9 @@
 #       (--cores $(nproc)); JSON lines of both ("source":"netem" / "simulated") on stdout, then
 #       bench/plot.py sim's table of simulated / netem per variant on stderr.
 #
-# Each JSON line gains "simulated":true, "platform", "local_work", "host_slowdown" and
-# "folded_above_bytes". The table on stderr is the suite's own.
+# Each JSON line gains "simulated":true, "platform", "local_work", "host_slowdown",
+# "folded_above_bytes" and, with --smpi-cfg (any SimGrid setting, e.g. a collective algorithm:
+# smpi/alltoallv:ompi_basic_linear), "smpi_cfg". The table on stderr is the suite's own.
 #
 # What runs: bench/gflow_bench's sources and the gflow headers, compiled by smpicxx into
 # build-sim/gflow_bench (rebuilt when a header or a bench source is newer). The exchanger, its
@@ -49,7 +51,14 @@
 #                       --cores C charges it as if P ranks shared C cores (x P/C, as on netem:
 #                       bench/netem.sh runs P ranks on this host's cores)
 #   --local-work none   local work costs nothing: the network alone
-#   A GPU's kernel times (scripts/gpu-check.sh's H200 figures) are not wired in: not built yet.
+#   --local-work gpu-h200  this host's work costs nothing; each timed iteration of the sparse suite
+#                       is charged an H200's measured time for the scheme's own work instead
+#                       (bench/platforms/h200_local_work.tsv: scripts/gpu-check.sh's one-rank
+#                       exchange times on device memory, ResNet-50 at d = 0.001; charged with
+#                       smpi_execute by bench/simulate_gpu.cpp). Not included: the work that grows
+#                       with P (GTopK's merges, OkTopK's per-peer steps). A scheme, layout or
+#                       density the table lacks is charged nothing; its JSON row has
+#                       "gpu_local_work_s":null, the others the seconds charged.
 #
 # Memory: every simulated rank lives in this one process, so a run needs about P times one rank's
 # memory (resnet50's sparse suite: about 0.85 GB a rank). --fold BYTES folds the pool-shaped arrays
@@ -69,7 +78,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage() {
-  sed -n '4,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '5,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   [[ -n "${1:-}" ]] && echo "bench/simulate.sh: $1" >&2
   exit 2
 }
@@ -107,12 +116,13 @@ fi
 P="${2:-}"
 [[ "$P" =~ ^[1-9][0-9]*$ ]] || usage "P must be a positive integer, got '${P}'"
 shift 2
-platform="" local_work=host cores="" fold=0
+platform="" local_work=host cores="" fold=0 extra_cfg=()
 while (($#)); do
   case "$1" in
     --platform) platform="${2:?--platform needs a name or a file}"; shift 2 ;;
     --local-work) local_work="${2:-}"; shift 2 ;;
     --cores) cores="${2:-}"; shift 2 ;;
+    --smpi-cfg) extra_cfg+=(--cfg="${2:?--smpi-cfg needs NAME:VALUE, e.g. smpi/alltoallv:ompi_basic_linear}"); shift 2 ;;
     --fold) fold="${2:-}"; shift 2 ;;
     --) shift; break ;;
     *) usage "unknown option '$1' (the benchmark's own options go after --)" ;;
@@ -120,7 +130,8 @@ while (($#)); do
 done
 (($#)) || usage "the benchmark's suite and options (exec: the program and its arguments) go after --"
 [[ -n "$platform" ]] || usage "--platform is required ($(cd "$root/bench/platforms" && ls *.xml | sed 's/\.xml//' | tr '\n' ' '), or an XML file)"
-[[ "$local_work" == host || "$local_work" == none ]] || usage "--local-work takes host or none (a GPU's times are not built yet), got '$local_work'"
+[[ "$local_work" == host || "$local_work" == none || "$local_work" == gpu-h200 ]] || usage "--local-work takes host, none or gpu-h200, got '$local_work'"
+[[ "$local_work" == host || -z "$cores" ]] || usage "--cores shares this host's cores: it goes with --local-work host only"
 [[ -z "$cores" || "$cores" =~ ^[1-9][0-9]*$ ]] || usage "--cores takes a positive integer, got '$cores'"
 [[ "$fold" =~ ^[0-9]+$ ]] || usage "--fold takes a size in bytes, got '$fold'"
 if [[ "$cmd" == run ]]; then
@@ -137,7 +148,7 @@ command -v smpicxx >/dev/null && command -v smpirun >/dev/null ||
 
 build="${GFLOW_SIM_BUILD:-$root/build-sim}"
 bin="$build/gflow_bench"
-srcs=(gflow_bench.cpp common.cpp exchange.cpp overlap.cpp sparse.cpp model.cpp kernels.cpp simulate_alloc.cpp)
+srcs=(gflow_bench.cpp common.cpp exchange.cpp overlap.cpp sparse.cpp model.cpp kernels.cpp simulate_alloc.cpp simulate_gpu.cpp)
 if [[ "$cmd" == exec ]]; then
   bin="$1"; shift
   [[ -e "$bin" ]] || usage "exec: '$bin' is not a program built by smpicxx"
@@ -161,17 +172,21 @@ slowdown=1
 if [[ -n "$cores" ]] && ((P > cores)); then slowdown="$(awk -v p="$P" -v c="$cores" 'BEGIN { printf "%.6g", p / c }')"; fi
 cfg=(--cfg=smpi/host-speed:"${slowdown}Gf" --cfg=smpi/coll-selector:ompi
      --log=root.thres:warning --log=smpi_coll.thres:warning --log=xbt_cfg.thres:warning --log=smpi_config.thres:warning)
-[[ "$local_work" == none ]] && cfg+=(--cfg=smpi/simulate-computation:no)
+[[ "$local_work" != host ]] && cfg+=(--cfg=smpi/simulate-computation:no)
+export GFLOW_SIM_GPU_TIMES=""  # read by bench/simulate_gpu.cpp: the GPU's table, or none
+[[ "$local_work" == gpu-h200 ]] && GFLOW_SIM_GPU_TIMES="$root/bench/platforms/h200_local_work.tsv"
 if (((P & (P - 1)) != 0 && (P < 4 || (P >= 64 && P < 128) || (P >= 256 && P < 1024)))); then
   cfg+=(--cfg=smpi/alltoallv:ring)  # Open MPI's pairwise where SMPI's refuses this P (header)
 fi
+cfg+=("${extra_cfg[@]}")  # --smpi-cfg: after the script's own, so that it overrides them
 export GFLOW_SIM_FOLD_BYTES="$fold"  # read by libgflow_simfold.so (bench/simulate_fold.cpp); 0: nothing folded
 echo "bench/simulate.sh: $P simulated ranks on $name, local work: $local_work (x$slowdown), folded above: ${fold} B" >&2
 tag="\"simulated\":true,\"platform\":\"$name\",\"local_work\":\"$local_work\",\"host_slowdown\":$slowdown,\"folded_above_bytes\":$fold,"
+((${#extra_cfg[@]})) && tag+="\"smpi_cfg\":\"${extra_cfg[*]#--cfg=}\","
 rc=0
 if [[ "$cmd" == exec ]]; then
   smpirun -np "$P" -platform "$xml" -hostfile "$hosts" "${cfg[@]}" "$bin" "$@" || rc=$?
 else
-  smpirun -np "$P" -platform "$xml" -hostfile "$hosts" "${cfg[@]}" "$bin" "$@" | sed -u "s/^{/{$tag/" || rc=$?
+  smpirun -np "$P" -platform "$xml" -hostfile "$hosts" "${cfg[@]}" "$bin" "$@" | awk -v t="$tag" '/^\{/ { $0 = "{" t substr($0, 2) } { print; fflush() }' || rc=$?
 fi
 exit "$rc"

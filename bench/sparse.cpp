@@ -44,6 +44,16 @@ std::vector<sparse_result> run_sparse_on(T& t, const options& o, const gflow::La
   return rs;
 }
 
+// Simulated with a GPU's local work (bench/simulate.sh --local-work gpu-h200): what each iteration
+// was charged, or null where no GPU figure exists for this scheme; nothing otherwise.
+std::string gpu_work_field(double charged_s) {
+  if (std::isnan(charged_s)) return "";
+  if (charged_s < 0) return ",\"gpu_local_work_s\":null";
+  char b[64];
+  std::snprintf(b, sizeof b, ",\"gpu_local_work_s\":%.9g", charged_s);
+  return b;
+}
+
 void report_sparse(const options& o, const std::vector<sparse_result>& rs, const std::string& layout_name, const gflow::Layout& l, int P) {
   std::fprintf(stderr, "%-8s %9s %12s %12s %12s %12s %14s %8s %12s %9s\n", "variant", "density", "median_ms", "p10_ms", "p90_ms", "select_ms", "comm_ms",
                "vs_dense", "sent_KB", "entries");
@@ -57,10 +67,10 @@ void report_sparse(const options& o, const std::vector<sparse_result>& rs, const
         "{\"suite\":\"sparse\",\"layout\":\"%s\",\"ranks\":%d,\"transport\":\"%s\",\"variant\":\"%s\",\"wire\":\"%s\","
         "\"threshold_bytes\":%zu,\"density\":%.6g,\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"select_s\":%.9g,"
         "\"comm_s\":%.9g,\"comm_s_derived\":true,\"bytes_per_rank\":%zu,\"sent_bytes_per_rank\":%.0f,\"result_entries\":%zu,"
-        "\"exact_local\":%zu,\"boundary_estimates\":%zu,\"exact_global\":%zu,\"second_passes\":%zu,\"gradients\":\"%s\",\"pool_elements\":%zu,\"iterations\":%d}\n",
+        "\"exact_local\":%zu,\"boundary_estimates\":%zu,\"exact_global\":%zu,\"second_passes\":%zu,\"gradients\":\"%s\",\"pool_elements\":%zu,\"iterations\":%d%s}\n",
         layout_name.c_str(), P, o.transport.c_str(), r.name.c_str(), o.wire.c_str(), r.name == "dense" ? o.threshold : std::size_t{0}, r.density,
         r.total.median, r.total.p10, r.total.p90, r.select.median, comm, r.wire_bytes, sent, r.entries, r.reest[0], r.reest[1], r.reest[2], r.reest[3],
-        o.fresh_gradients ? "fresh" : "repeated", l.total_numel(), o.iters);
+        o.fresh_gradients ? "fresh" : "repeated", l.total_numel(), o.iters, gpu_work_field(r.charged_s).c_str());
   }
   std::fflush(stdout);
 }

@@ -13,9 +13,14 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <cstring>
 #include <string>
 #include <vector>
+
+// bench/simulate.sh --local-work gpu-h200 (bench/simulate_gpu.cpp, linked only into the simulated
+// build; absent elsewhere): charges the iteration a GPU's measured time for the scheme's own work.
+extern "C" __attribute__((weak)) double gflow_sim_local_work(const char* scheme, double density, std::size_t pool_elements);
 
 namespace gflow_bench {
 
@@ -26,6 +31,7 @@ struct sparse_result {
   std::size_t wire_bytes;
   std::size_t entries = 0;                   // entries in the result (sparse_oktopk.hpp)
   std::array<std::size_t, 4> reest{};        // OkTopK's re-estimations over the measured iterations
+  double charged_s = std::numeric_limits<double>::quiet_NaN();  // simulated GPU work per iteration (-1: none measured)
 };
 
 template <class E, class T, class Setup>
@@ -60,11 +66,13 @@ sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, con
   std::vector<double> tt, st;
   std::size_t bytes = 0, entries = 0;
   std::array<std::size_t, 4> reest{};
+  double charged = std::numeric_limits<double>::quiet_NaN();
   for (int it = 0; it < o.warmup + o.iters; ++it) {
     if (o.fresh_gradients && it > 0) fill(it);
     std::memcpy(ex.pool_data(), fresh.data(), total * sizeof(float));
     t.barrier();
     const double t0 = MPI_Wtime();  // MPI's clock: the simulated one under SMPI (bench/simulate.sh)
+    if (gflow_sim_local_work != nullptr) charged = gflow_sim_local_work(name, density, total);
     for (std::size_t q = l.size(); q-- > 0;) ex.ready(q);
     auto status = ex.finish();
     double dt = MPI_Wtime() - t0;
@@ -86,7 +94,7 @@ sparse_result measure_sparse(T& t, const options& o, const gflow::Layout& l, con
       st.push_back(ds);
     }
   }
-  return {name, density, summarize(tt), summarize(st), bytes, entries, reest};
+  return {name, density, summarize(tt), summarize(st), bytes, entries, reest, charged};
 }
 
 }  // namespace gflow_bench
