@@ -23,8 +23,9 @@
 // What that changes: see "Memory" in bench/simulate.sh's header and docs/DESIGN.md.
 //
 // GFLOW_SIM_FOLD_BYTES (set by bench/simulate.sh --fold): the threshold; 0 or unset: nothing is
-// folded. GFLOW_SIM_FOLD_LOG=1 prints every folded allocation (rank, bytes, key, the frames'
-// symbols) on stderr, to see what is folded.
+// folded. GFLOW_SIM_FOLD_LOG=1 prints every allocation of at least BYTES (rank, bytes, its role
+// or "not pool-shaped (private)", the frames' symbols) on stderr, to see what is folded and what
+// is not.
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -150,7 +151,7 @@ void* gflow_sim_fold_new(std::size_t n, int rank) {
   const key k{site, n, slot};
   auto [it, fresh] = s.blocks.try_emplace(k, block{nullptr, 0});
   if (fresh) {
-    it->second.p = std::calloc(1, n);  // glibc's (reentrant calls are not folded)  // large: fresh pages, committed only where touched
+    it->second.p = std::calloc(1, n);  // fresh pages, committed only where touched (a reentrant call: glibc's)
     if (it->second.p == nullptr) {
       s.blocks.erase(it);
       return nullptr;
