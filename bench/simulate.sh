@@ -73,8 +73,9 @@
 # 13.7, the same simulated time for dense, TopK, GTopK and CSC, OkTopK within 3% (1.67 ms against
 # 1.69 at d = 0.001, 8.79 against 9.04 at d = 0.01) though rank 0's bytes differ (397 KB against
 # 205; 2.0 MB against 3.9). Folded runs that charge this host's local work are not yet compared
-# with unfolded ones: fold with --local-work none. OkTopK's private buffers (reserved for its bounds, k_max x P) are what is
-# left: 10.7 GB at 64 ranks.
+# with unfolded ones: fold with --local-work none. What is left is each rank's private memory
+# (10.7 GB at 64 ranks; not yet attributed: GFLOW_SIM_FOLD_LOG=1 lists the private blocks, the
+# largest being OkTopK's, reserved for its bounds, whose unwritten pages cost nothing).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage() {
