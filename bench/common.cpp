@@ -28,6 +28,7 @@ namespace gflow_bench {
                "                          hybrid: Hybrid<1 MiB, 2> with the switch at all-ring / 1 MiB / all-hierarchical, tuned too)\n"
                "       bench/run model [--ranks N] [--layout L] [--reps N]       (alpha-beta fit, predictions P = 2..1024, error at N)\n"
                "       bench/run sparse [--ranks N] [--layout L] [--density 0.001,0.01] [--transport mpi|inproc] [--gradients repeated|fresh]\n"
+               "                          [--variants dense,TopK,GTopK,OkTopK,CSC]   (sparse: only these schemes; default all)\n"
                "       bench/run kernels [--layout L1,L2 (default resnet50,gpt2_small)] [--iters N] [--warmup N]\n",
                why.c_str());
   MPI_Abort(MPI_COMM_WORLD, 2);
@@ -100,6 +101,17 @@ options parse(int argc, char** argv) {
         if (c == std::string::npos) break;
         p0 = c + 1;
       }
+    } else if (a == "--variants") {
+      std::string v = next();
+      for (std::size_t p0 = 0; p0 <= v.size();) {
+        const std::size_t c = v.find(',', p0);
+        o.variants.push_back(v.substr(p0, c == std::string::npos ? std::string::npos : c - p0));
+        if (c == std::string::npos) break;
+        p0 = c + 1;
+      }
+      for (const auto& n : o.variants)
+        if (n != "dense" && n != "TopK" && n != "GTopK" && n != "OkTopK" && n != "CSC")
+          usage("--variants takes a list of dense, TopK, GTopK, OkTopK, CSC, got '" + n + "'");
     } else if (a == "--transport") o.transport = next();
     else if (a == "--gradients") {
       const std::string g = next();

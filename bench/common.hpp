@@ -28,6 +28,7 @@ struct options {
   bool rotated = false;  // exchange: --order rotated (the variants' order before 2026-11-24) instead of shuffled
   double compute_ratio = 1.5;  // overlap: simulated backward time / measured exchange time
   std::vector<double> densities{0.001, 0.01};  // sparse
+  std::vector<std::string> variants;           // sparse: --variants (empty: every scheme)
   std::string transport = "mpi";               // sparse: mpi or inproc
   bool fresh_gradients = false;                // sparse/model: --gradients fresh (new values every iteration)
   bool topologies = false;                     // exchange: also Hierarchical<2|4> and Hybrid

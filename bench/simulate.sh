@@ -73,9 +73,10 @@
 # 13.7, the same simulated time for dense, TopK, GTopK and CSC, OkTopK within 3% (1.67 ms against
 # 1.69 at d = 0.001, 8.79 against 9.04 at d = 0.01) though rank 0's bytes differ (397 KB against
 # 205; 2.0 MB against 3.9). Folded runs that charge this host's local work are not yet compared
-# with unfolded ones: fold with --local-work none. What is left is each rank's private memory
-# (10.7 GB at 64 ranks; not yet attributed: GFLOW_SIM_FOLD_LOG=1 lists the private blocks, the
-# largest being OkTopK's, reserved for its bounds, whose unwritten pages cost nothing).
+# with unfolded ones: fold with --local-work none. What is left is each rank's private memory,
+# nearly all of it TopK's at scale (64 ranks: TopK 10.7 GB, dense, GTopK, OkTopK 1.5-2.2 GB each;
+# the sparse suite's --variants runs some schemes): without TopK, ResNet-50 runs at 256 ranks in
+# 9.3 GB. GFLOW_SIM_FOLD_LOG=1 lists the blocks left private.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage() {

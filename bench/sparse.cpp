@@ -3,11 +3,13 @@
 // inproc: threads of one process). select_s is the exact top-k selection alone, comm_s = the
 // iteration minus select_s (derived, reported as such; sparse.hpp).
 // The schemes are run_sparse_on's list: to add one, add a measure_sparse line there (its
-// exchanger, the name in the table and the JSON, whether it selects, how to set its density).
+// exchanger, the name in the table and the JSON, whether it selects, how to set its density);
+// --variants runs some of them.
 #include "sparse.hpp"
 
 #include <gflow/transport/inproc.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,16 +25,18 @@ template <class T>
 std::vector<sparse_result> run_sparse_on(T& t, const options& o, const gflow::Layout& l) {
   using gflow::Exchanger;
   using gflow::Sparsifier;
+  auto wanted = [&](const char* n) { return o.variants.empty() || std::find(o.variants.begin(), o.variants.end(), n) != o.variants.end(); };
   std::vector<sparse_result> rs;
-  rs.push_back(measure_sparse<Exchanger<gflow::Fusion<(4u << 20)>>>(t, o, l, "dense", 1.0, false, [&](auto& ex) { ex.set_fusion(o.threshold); }));
+  if (wanted("dense"))
+    rs.push_back(measure_sparse<Exchanger<gflow::Fusion<(4u << 20)>>>(t, o, l, "dense", 1.0, false, [&](auto& ex) { ex.set_fusion(o.threshold); }));
   for (double d : o.densities) {
     auto dens = [d](auto& ex) { ex.sparsifier().set_density(d); };
-    rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::TopK<0.01>>>>(t, o, l, "TopK", d, true, dens));
-    rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::GTopK<0.01>>>>(t, o, l, "GTopK", d, true, dens));
-    rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::OkTopK<0.01>>>>(t, o, l, "OkTopK", d, true, dens));
+    if (wanted("TopK")) rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::TopK<0.01>>>>(t, o, l, "TopK", d, true, dens));
+    if (wanted("GTopK")) rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::GTopK<0.01>>>>(t, o, l, "GTopK", d, true, dens));
+    if (wanted("OkTopK")) rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::OkTopK<0.01>>>>(t, o, l, "OkTopK", d, true, dens));
     // CSC exchanges a whole percent of its 32K-element chunks: run it where d * 100 is whole.
     const double pct = d * 100.0;
-    if (pct >= 1.0 && pct == std::floor(pct)) {
+    if (wanted("CSC") && pct >= 1.0 && pct == std::floor(pct)) {
       rs.push_back(measure_sparse<Exchanger<gflow::Fusion<(4u << 20)>, Sparsifier<gflow::CSC<32768, 15>>>>(
           t, o, l, "CSC", d, false, [&](auto& ex) {
             ex.set_fusion(o.threshold);
@@ -57,7 +61,7 @@ std::string gpu_work_field(double charged_s) {
 void report_sparse(const options& o, const std::vector<sparse_result>& rs, const std::string& layout_name, const gflow::Layout& l, int P) {
   std::fprintf(stderr, "%-8s %9s %12s %12s %12s %12s %14s %8s %12s %9s\n", "variant", "density", "median_ms", "p10_ms", "p90_ms", "select_ms", "comm_ms",
                "vs_dense", "sent_KB", "entries");
-  const double dense = rs.front().total.median;
+  const double dense = !rs.empty() && rs.front().name == "dense" ? rs.front().total.median : std::nan("");  // vs_dense: nan without dense
   for (const auto& r : rs) {
     const double comm = r.total.median - r.select.median;
     const double sent = sent_bytes(r.name, r.wire_bytes, P);
