@@ -52,6 +52,17 @@ std::size_t parse_bytes(const std::string& s) {
 
 }  // namespace
 
+std::vector<std::string> split_commas(const std::string& v) {
+  std::vector<std::string> parts;
+  for (std::size_t p0 = 0; p0 <= v.size();) {
+    const std::size_t c = v.find(',', p0);
+    parts.push_back(v.substr(p0, c == std::string::npos ? std::string::npos : c - p0));
+    if (c == std::string::npos) break;
+    p0 = c + 1;
+  }
+  return parts;
+}
+
 options parse(int argc, char** argv) {
   options o;
   int i = 1;
@@ -77,13 +88,7 @@ options parse(int argc, char** argv) {
     }
     else if (a == "--compute-ratio") {
       o.compute_ratios.clear();
-      std::string v = next();
-      for (std::size_t p0 = 0; p0 <= v.size();) {
-        const std::size_t c = v.find(',', p0);
-        o.compute_ratios.push_back(std::stod(v.substr(p0, c == std::string::npos ? std::string::npos : c - p0)));
-        if (c == std::string::npos) break;
-        p0 = c + 1;
-      }
+      for (const auto& r : split_commas(next())) o.compute_ratios.push_back(std::stod(r));
       o.compute_ratio = o.compute_ratios.front();
     }
     else if (a == "--trace") o.trace = next();
@@ -94,21 +99,9 @@ options parse(int argc, char** argv) {
     else if (a == "--reps") o.reps = std::stoi(next());
     else if (a == "--density") {
       o.densities.clear();
-      std::string v = next();
-      for (std::size_t p0 = 0; p0 <= v.size();) {
-        const std::size_t c = v.find(',', p0);
-        o.densities.push_back(std::stod(v.substr(p0, c == std::string::npos ? std::string::npos : c - p0)));
-        if (c == std::string::npos) break;
-        p0 = c + 1;
-      }
+      for (const auto& d : split_commas(next())) o.densities.push_back(std::stod(d));
     } else if (a == "--variants") {
-      std::string v = next();
-      for (std::size_t p0 = 0; p0 <= v.size();) {
-        const std::size_t c = v.find(',', p0);
-        o.variants.push_back(v.substr(p0, c == std::string::npos ? std::string::npos : c - p0));
-        if (c == std::string::npos) break;
-        p0 = c + 1;
-      }
+      o.variants = split_commas(next());
       for (const auto& n : o.variants)
         if (n != "dense" && n != "TopK" && n != "GTopK" && n != "OkTopK" && n != "CSC")
           usage("--variants takes a list of dense, TopK, GTopK, OkTopK, CSC, got '" + n + "'");

@@ -48,6 +48,8 @@ struct options {
 [[noreturn]] void usage(const std::string& why);
 /// The command line (after MPI_Init): the suite, then its options; usage() on anything wrong.
 options parse(int argc, char** argv);
+// "a,b,c" -> {"a", "b", "c"} (the list options: --density, --compute-ratio, --variants, kernels' --layout)
+std::vector<std::string> split_commas(const std::string& v);
 
 /// A layout by name (bench/layouts/<name>.tsv) or by path.
 std::string layout_path(const std::string& name);

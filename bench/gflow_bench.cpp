@@ -31,13 +31,7 @@ int main(int argc, char** argv) {
       ko.iters = o.iters;
       ko.warmup = o.warmup;
       try {
-        for (std::size_t p0 = 0; p0 <= o.layout.size();) {
-          const std::size_t c = o.layout.find(',', p0);
-          std::string name = o.layout.substr(p0, c == std::string::npos ? std::string::npos : c - p0);
-          ko.sizes.push_back({name, load_layout(name).total_numel()});
-          if (c == std::string::npos) break;
-          p0 = c + 1;
-        }
+        for (const auto& name : split_commas(o.layout)) ko.sizes.push_back({name, load_layout(name).total_numel()});
         rc = run_kernels_suite(ko);
       } catch (const gflow::error& e) {
         std::fprintf(stderr, "%s\n", e.what());

@@ -202,14 +202,4 @@ std::size_t gflow_sim_fold_bytes(const void* p) {
   return bp == s.by_pointer.end() ? 0 : bp->second.bytes;
 }
 
-// Folded memory now and at its peak, and how many folded allocations were made (all ranks).
-void gflow_sim_fold_stats(std::size_t* live, std::size_t* peak, std::size_t* allocations) {
-  const enter busy;
-  auto& s = S();
-  std::lock_guard lk(s.mu);
-  *live = s.live_bytes;
-  *peak = s.peak_bytes;
-  *allocations = s.folded_allocations;
-}
-
 }  // extern "C"
