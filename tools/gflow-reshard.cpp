@@ -4,10 +4,14 @@
 //
 //   gflow-reshard --size P' [--sum] --out DIR FILE...
 //
-// FILE...: the P checkpoints (save_state / save_checkpoint output; any order, each names its rank).
-// Writes DIR/rank-<r>.gflow for r = 0 .. P'-1, each atomically (a temporary file renamed over it),
-// and only after every input was read and validated: a bad set writes nothing. --sum: the
-// exchangers were built with exchange_options::average = false (residuals are added, not scaled
+// FILE...: the P checkpoints (save_state / save_checkpoint output; any order, each names its rank)
+// and, with Sharding<ReduceScatter>, the P shard state files save_checkpoint(ex, root, state) wrote
+// beside them (shard-<r>.gflow; told apart by their contents, so `iter-<n>/*.gflow` passes both).
+// Writes DIR/rank-<r>.gflow, and DIR/shard-<r>.gflow when shard files were given, for
+// r = 0 .. P'-1, each atomically (a temporary file renamed over it; the shard files first, as
+// save_checkpoint does), and only after every input was read and validated: a bad set writes
+// nothing. load_checkpoint(ex, root, state) reads DIR as a set when DIR is root/iter-<n>. --sum:
+// the exchangers were built with exchange_options::average = false (residuals are added, not scaled
 // by P'/P). Exit status 0 on success, 1 on a gflow error (printed), 2 on a usage error.
 #include <gflow/reshard.hpp>
 
@@ -26,6 +30,7 @@ int usage(const char* why) {
   std::cerr << "gflow-reshard: " << why << "\n"
             << "usage: gflow-reshard --size P' [--sum] --out DIR FILE...\n"
                "  rewrites the P checkpoint FILEs of a job of P ranks into DIR/rank-<r>.gflow, r < P'.\n"
+               "  shard state FILEs (shard-<r>.gflow, Sharding<ReduceScatter>) among them are rewritten into DIR/shard-<r>.gflow.\n"
                "  --sum   the exchangers sum (exchange_options::average = false): residuals are added, not scaled.\n";
   return 2;
 }
@@ -60,13 +65,32 @@ int main(int argc, char** argv) {
   if (out.empty()) return usage("--out is missing");
   if (files.empty()) return usage("no checkpoint file was given");
   try {
-    const auto in = gflow::detail::open_all(files);
-    const auto p = gflow::detail::pointers(in);
-    const std::vector<std::string> set = gflow::reshard_checkpoints(std::span<std::istream* const>(p), size, {average});
+    const auto in = gflow::detail::open_all(files);  // a file that cannot be opened: a typed error naming it
+    std::vector<std::istream*> checkpoints, shard_states;
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      bool shard = false;
+      try {
+        shard = gflow::is_shard_state(*in[i]);
+      } catch (const gflow::parse_error& e) {
+        throw gflow::parse_error("checkpoints", "'" + files[i].string() + "' cannot be read: " + e.what(),
+                                 "pass intact files written by save_checkpoint (rank-<r>.gflow, shard-<r>.gflow).");
+      }
+      (shard ? shard_states : checkpoints).push_back(in[i].get());
+      in[i]->clear();
+      in[i]->seekg(0);
+    }
+    if (checkpoints.empty()) return usage("only shard state files were given: pass the rank-<r>.gflow checkpoints of the same save too");
+    gflow::resharded_set set;
+    if (shard_states.empty())
+      set.checkpoints = gflow::reshard_checkpoints(std::span<std::istream* const>(checkpoints), size, {average});
+    else
+      set = gflow::reshard_checkpoints(std::span<std::istream* const>(checkpoints), std::span<std::istream* const>(shard_states), size, {average});
     std::filesystem::create_directories(out);
-    for (int r = 0; r < size; ++r) gflow::write_file_atomically(gflow::checkpoint_file(out, r), set[static_cast<std::size_t>(r)]);
-    std::cout << "gflow-reshard: " << files.size() << " checkpoints -> " << size << " in " << out.string() << " (residuals "
-              << (average ? "scaled by P'/P" : "added") << ")\n";
+    for (int r = 0; r < size; ++r)
+      if (!set.shard_states.empty()) gflow::write_file_atomically(gflow::shard_state_file(out, r), set.shard_states[static_cast<std::size_t>(r)]);
+    for (int r = 0; r < size; ++r) gflow::write_file_atomically(gflow::checkpoint_file(out, r), set.checkpoints[static_cast<std::size_t>(r)]);
+    std::cout << "gflow-reshard: " << checkpoints.size() << " checkpoints" << (shard_states.empty() ? "" : " and their shard state") << " -> " << size
+              << " in " << out.string() << " (residuals " << (average ? "scaled by P'/P" : "added") << ")\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << e.what() << "\n";

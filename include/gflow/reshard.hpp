@@ -67,6 +67,69 @@ inline std::vector<std::string> reshard_checkpoints(std::span<std::istream* cons
 }
 
 
+/// What reshard_checkpoints writes with shard state: new rank r's checkpoint (rank-<r>.gflow) and
+/// its shard state file (shard-<r>.gflow).
+struct resharded_set {
+  std::vector<std::string> checkpoints;
+  std::vector<std::string> shard_states;
+};
+
+/// reshard_checkpoints, with the state a trainer keeps for its shard (Sharding<ReduceScatter>:
+/// the shard-<r>.gflow files save_checkpoint(ex, root, state) writes; one stream per old rank, any
+/// order). The new shard files hold the old state regrouped (each pool element in the file of new
+/// rank r mod P' of the lowest old rank r whose shard held it; docs/DESIGN.md, "Re-sharding
+/// checkpoints"), so load_checkpoint(ex, root, state) on P' ranks takes each element of its new
+/// shard from them, whatever the new job's buckets and topology. Both sets are read and validated
+/// first: shard files of another job, iteration or size than the checkpoints, a missing or
+/// duplicate rank, or shards that do not cover the pool raise a typed error, and nothing is
+/// written.
+inline resharded_set reshard_checkpoints(std::span<std::istream* const> old, std::span<std::istream* const> old_shard_states, int new_size,
+                                         reshard_options opt = {}) {
+  detail::check_new_shape(0, new_size);
+  const std::vector<detail::checkpoint_image> imgs = detail::read_set(old);
+  const auto set = detail::order_set(imgs);
+  std::vector<detail::shard_image> shard_imgs;
+  for (std::size_t i = 0; i < old_shard_states.size(); ++i) {
+    try {
+      shard_imgs.push_back(detail::read_shard_image(*old_shard_states[i]));
+    } catch (const parse_error& e) {
+      throw parse_error("shard_states", fmt::format("shard state file {} of the set cannot be read: {}", i, e.what()),
+                        "pass intact shard files, every one written completely by save_checkpoint.");
+    }
+  }
+  const auto shards = detail::order_shard_set(shard_imgs);
+  const detail::checkpoint_identity &c = set[0]->id, &s = shards[0]->id;
+  if (s.composition != c.composition || s.layout_fp != c.layout_fp || s.tensor_fps != c.tensor_fps || s.pool_elems != c.pool_elems)
+    throw mismatch_error("shard_states", fmt::format("the shard state files were saved by another exchanger (<{}>) than the checkpoints (<{}>), or over another layout.",
+                                                     s.composition, c.composition),
+                         "pass the rank-<r>.gflow and shard-<r>.gflow files of one save of one job.");
+  if (shards.size() != set.size())
+    throw invalid_argument("shard_states", fmt::format("the shard state files are of a job of {} ranks; the checkpoints of one of {}.", shards.size(), set.size()),
+                           "pass the rank-<r>.gflow and shard-<r>.gflow files of one save of one job.");
+  if (shards[0]->iteration != set[0]->iteration)
+    throw mismatch_error("iteration", fmt::format("the shard state files are of iteration {}; the checkpoints of iteration {}.", shards[0]->iteration, set[0]->iteration),
+                         "pass the rank-<r>.gflow and shard-<r>.gflow files of one save (one iter-<n> directory).");
+  resharded_set out;
+  for (int r = 0; r < new_size; ++r) {
+    std::ostringstream os(std::ios::binary), ss(std::ios::binary);
+    detail::write_resharded(set, static_cast<std::uint32_t>(r), static_cast<std::uint32_t>(new_size), opt, os);
+    detail::write_resharded_shards(shards, static_cast<std::uint32_t>(r), static_cast<std::uint32_t>(new_size), ss);
+    out.checkpoints.push_back(os.str());
+    out.shard_states.push_back(ss.str());
+  }
+  return out;
+}
+
+/// Whether a stream positioned at a gflow file's start holds a trainer's shard state
+/// (shard-<r>.gflow) rather than an exchanger's checkpoint; reads its header and first tag
+/// (a foreign or truncated stream raises parse_error).
+inline bool is_shard_state(std::istream& in) {
+  detail::checkpoint_reader r(in);
+  (void)detail::read_checkpoint_identity(r, std::size_t{1} << 24);
+  return r.u32("the first section's tag") == detail::section_tag("SHRD");
+}
+
+
 /// Loads this rank's share of the checkpoints of a job of P ranks (`old`: one stream per old
 /// rank, any order) into `ex`, a rank of a job of P' ranks (its transport's rank and size; P' may
 /// equal P). The share rule (support/reshard.hpp): old rank r's residual goes to new rank

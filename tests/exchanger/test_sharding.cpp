@@ -18,6 +18,8 @@
 #include <string>
 #include <unistd.h>
 #include <limits>
+#include <memory>
+#include <span>
 #include <mutex>
 #include <utility>
 #include <sstream>
@@ -172,6 +174,44 @@ TEST_CASE("sharding: the shard plan cuts each bucket into P blocks within one el
     }
   CHECK_THROWS_AS(detail::plan::plan_shards({}, 0, 0), invalid_argument);
   CHECK_THROWS_AS(detail::plan::plan_shards({}, 2, 2), invalid_argument);
+}
+
+TEST_CASE("sharding: subtract_ranges and unite_ranges agree with element sets on random range lists") {
+  std::uint64_t seed = 12345;
+  const auto next = [&](std::size_t m) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<std::size_t>((seed >> 33) % m);
+  };
+  const std::size_t n = 40;
+  const auto random_list = [&] {
+    std::vector<pool_range> out;
+    for (std::size_t x = next(4); x < n;) {
+      const std::size_t e = std::min(n, x + 1 + next(6));
+      out.push_back({x, e});
+      x = e + next(4);  // touching (0) or apart
+    }
+    return out;
+  };
+  const auto elements = [&](const std::vector<pool_range>& l) {
+    std::vector<char> in(n, 0);
+    for (const pool_range& r : l) {
+      CHECK(r.begin < r.end);
+      for (std::size_t x = r.begin; x < r.end; ++x) in[x] = 1;
+    }
+    return in;
+  };
+  for (int trial = 0; trial < 500; ++trial) {
+    const auto a = random_list(), b = random_list();
+    const auto ea = elements(a), eb = elements(b);
+    const auto d = detail::plan::subtract_ranges(a, b), u = detail::plan::unite_ranges(a, b);
+    const auto ed = elements(d), eu = elements(u);
+    for (std::size_t x = 0; x < n; ++x) {
+      CHECK(ed[x] == (ea[x] && !eb[x]));
+      CHECK(eu[x] == (ea[x] || eb[x]));
+    }
+    for (std::size_t i = 1; i < d.size(); ++i) CHECK(d[i - 1].end <= d[i].begin);  // ascending, disjoint
+    for (std::size_t i = 1; i < u.size(); ++i) CHECK(u[i - 1].end < u[i].begin);   // touching ranges joined
+  }
 }
 
 TEST_CASE("sharding: the shard holds the unsharded exchange's bits (fp32, fp16, bf16; fused or not; P = 1..5)") {
@@ -850,6 +890,154 @@ TEST_CASE("sharding: checkpoints with shard state refuse bad input with typed er
   });
   std::filesystem::remove_all(root);
   std::filesystem::remove_all(other);
+}
+
+// ---- the offline re-shard of a set with shard state (reshard_checkpoints, gflow-reshard) ---------
+std::string file_bytes(const std::filesystem::path& f) {
+  std::ifstream in(f, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+struct file_streams {
+  std::vector<std::unique_ptr<std::istringstream>> in;
+  std::vector<std::istream*> p;
+  explicit file_streams(const std::vector<std::string>& bytes) {
+    for (const auto& b : bytes) {
+      in.push_back(std::make_unique<std::istringstream>(b, std::ios::binary));
+      p.push_back(in.back().get());
+    }
+  }
+  std::span<std::istream* const> span() const { return p; }
+};
+
+// Saved on P ranks (state: each element's pool index and its negation), rewritten offline for P2
+// ranks, written as a set of P2 and loaded there: every rank's state holds its new shard's indices.
+// The new shard files cover the pool, once when P2 != P; with P2 = P they are the old bytes.
+template <class Topo>
+void offline_reshard_follows(int P, int P2, const Layout& l) {
+  namespace fs = std::filesystem;
+  using E = Exchanger<Fusion<256>, Topo, Sharding<ReduceScatter>>;
+  const auto root = fresh_dir("offline_in"), root2 = fresh_dir("offline_out");
+  std::size_t pool = 0;
+  inproc::run(P, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, l);
+    if (t.rank() == 0) pool = ex.pool_size();
+    REQUIRE(exchange_values(ex, t.rank(), 0).finite());
+    const auto idx = indices_of(ex.shard());
+    (void)save_checkpoint(ex, root, {idx, negated(idx)});
+  });
+  const fs::path dir = checkpoint_set_dir(root, 1);
+  std::vector<std::string> ck, sh;
+  for (int r = P - 1; r >= 0; --r) {  // any order
+    ck.push_back(file_bytes(checkpoint_file(dir, r)));
+    sh.push_back(file_bytes(shard_state_file(dir, r)));
+  }
+  const file_streams cks(ck), shs(sh);
+  const resharded_set out = reshard_checkpoints(cks.span(), shs.span(), P2);
+  REQUIRE(out.checkpoints.size() == std::size_t(P2));
+  REQUIRE(out.shard_states.size() == std::size_t(P2));
+  std::vector<detail::plan::pool_range> covered;
+  std::size_t held = 0;
+  for (int r = 0; r < P2; ++r) {
+    std::istringstream in(out.shard_states[std::size_t(r)], std::ios::binary);
+    const detail::shard_image img = detail::read_shard_image(in);
+    CHECK(img.id.rank == std::uint32_t(r));
+    CHECK(img.id.size == std::uint32_t(P2));
+    REQUIRE(img.arrays.size() == 2);
+    for (const auto& g : img.ranges) held += g.size();
+    covered = detail::plan::unite_ranges(covered, img.ranges);
+    if (P2 == P) CHECK(out.shard_states[std::size_t(r)] == file_bytes(shard_state_file(dir, r)));
+  }
+  if (P2 != P) CHECK(held == pool);  // disjoint (P2 = P: the old files, whose groups may hold the same blocks) ...
+  CHECK(covered == std::vector<detail::plan::pool_range>{{0, pool}});  // ... and covering
+  const fs::path dir2 = checkpoint_set_dir(root2, 1);
+  fs::create_directories(dir2);
+  for (int r = 0; r < P2; ++r) {
+    write_file_atomically(shard_state_file(dir2, r), out.shard_states[std::size_t(r)]);
+    write_file_atomically(checkpoint_file(dir2, r), out.checkpoints[std::size_t(r)]);
+  }
+  inproc::run(P2, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, l);
+    std::vector<std::vector<float>> st;
+    CHECK(load_checkpoint(ex, root2, st) == 1);
+    REQUIRE(st.size() == 2);
+    const auto want = indices_of(ex.shard());
+    CHECK(st[0] == want);
+    CHECK(st[1] == negated(want));
+  });
+#ifdef GFLOW_RESHARD_EXE
+  // The tool, given the whole directory's files (rank and shard files mixed), writes the same bytes.
+  const fs::path tool_out = root2 / "tool";
+  std::string args;
+  for (int r = 0; r < P; ++r) args += " " + shard_state_file(dir, r).string() + " " + checkpoint_file(dir, r).string();
+  REQUIRE(std::system((std::string(GFLOW_RESHARD_EXE) + " --size " + std::to_string(P2) + " --out " + tool_out.string() + args + " > /dev/null").c_str()) == 0);
+  for (int r = 0; r < P2; ++r) {
+    CHECK(file_bytes(shard_state_file(tool_out, r)) == out.shard_states[std::size_t(r)]);
+    CHECK(file_bytes(checkpoint_file(tool_out, r)) == out.checkpoints[std::size_t(r)]);
+  }
+#endif
+  fs::remove_all(root);
+  fs::remove_all(root2);
+}
+
+TEST_CASE("sharding: gflow-reshard and reshard_checkpoints rewrite the shard state for another number of ranks; load_checkpoint takes it") {
+  for (auto [P, P2] : std::vector<std::pair<int, int>>{{4, 4}, {4, 3}, {4, 6}, {3, 1}, {1, 3}, {5, 2}}) {
+    CAPTURE(P);
+    CAPTURE(P2);
+    offline_reshard_follows<Topology<Ring>>(P, P2, layout_a());
+  }
+  offline_reshard_follows<Topology<Hierarchical<2>>>(4, 2, layout_a());  // ranks 0 and 2, 1 and 3 hold the same blocks
+  offline_reshard_follows<Topology<Hierarchical<2>>>(4, 4, layout_a());
+  offline_reshard_follows<Topology<Hierarchical<2>>>(2, 6, layout_a());
+  offline_reshard_follows<Topology<Hierarchical<2>>>(6, 4, layout_a());
+  offline_reshard_follows<Topology<Hybrid<1024, 2>>>(6, 4, layout_b());
+}
+
+TEST_CASE("sharding: an offline re-shard refuses shard files of another save, size or a missing rank, and writes nothing") {
+  namespace fs = std::filesystem;
+  using E = Exchanger<Fusion<256>, Sharding<ReduceScatter>>;
+  const auto root = fresh_dir("offline_bad");
+  inproc::run(2, [&](inproc::transport& t) {
+    on_inproc<E> ex(t, layout_a());
+    REQUIRE(exchange_values(ex, t.rank(), 0).finite());
+    const auto idx = indices_of(ex.shard());
+    (void)save_checkpoint(ex, root, {idx});
+    REQUIRE(exchange_values(ex, t.rank(), 1).finite());
+    (void)save_checkpoint(ex, root, {idx});
+  });
+  const fs::path one = checkpoint_set_dir(root, 1), two = checkpoint_set_dir(root, 2);
+  const std::vector<std::string> ck{file_bytes(checkpoint_file(two, 0)), file_bytes(checkpoint_file(two, 1))};
+  const auto refuse = [&](const std::vector<std::string>& shards, const std::string& subject, const std::string& says) {
+    const file_streams cks(ck), shs(shards);
+    try {
+      (void)reshard_checkpoints(cks.span(), shs.span(), 3);
+      FAIL("re-sharded a bad set");
+    } catch (const error& e) {
+      CHECK(e.subject() == subject);
+      CHECK_MESSAGE(std::string(e.what()).find(says) != std::string::npos, e.what());
+    }
+  };
+  refuse({file_bytes(shard_state_file(two, 0))}, "shard_states", "rank 1's is missing");
+  refuse({file_bytes(shard_state_file(one, 0)), file_bytes(shard_state_file(one, 1))}, "iteration",
+         "the shard state files are of iteration 1; the checkpoints of iteration 2.");
+  refuse({file_bytes(shard_state_file(two, 0)), file_bytes(shard_state_file(one, 1))}, "iteration", "the set mixes generations");
+  refuse({file_bytes(shard_state_file(two, 0)), file_bytes(shard_state_file(two, 0))}, "shard_states", "rank 0 appears twice");
+  std::string cut = file_bytes(shard_state_file(two, 1));
+  cut.resize(cut.size() - 5);
+  refuse({file_bytes(shard_state_file(two, 0)), cut}, "shard_states", "shard state file 1 of the set cannot be read");
+#ifdef GFLOW_RESHARD_EXE
+  const fs::path out = root / "out";
+  const std::string exe = GFLOW_RESHARD_EXE;
+  CHECK(std::system((exe + " --size 3 --out " + out.string() + " " + checkpoint_file(two, 0).string() + " " + checkpoint_file(two, 1).string() + " " +
+                     shard_state_file(two, 0).string() + " 2> /dev/null")
+                        .c_str()) == 256);
+  CHECK_FALSE(fs::exists(out));
+  CHECK(std::system((exe + " --size 3 --out " + out.string() + " " + shard_state_file(two, 0).string() + " " + shard_state_file(two, 1).string() +
+                     " 2> /dev/null")
+                        .c_str()) == 512);  // usage: no checkpoints
+  CHECK_FALSE(fs::exists(out));
+#endif
+  fs::remove_all(root);
 }
 
 TEST_CASE("sharding: bad input is a typed error naming the parameter") {

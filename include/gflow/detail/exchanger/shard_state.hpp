@@ -14,11 +14,14 @@
 // A loader of any number of ranks takes each element of its new shard from the first file, in
 // the order it reads them, whose ranges hold it (shard_state_file below reads one file, an array
 // at a time, so a rank holds one old shard's array at most besides its own state).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <istream>
 #include <ostream>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "../../error.hpp"
@@ -73,6 +76,30 @@ class shard_state_file {
     if (id_.pool_elems != mine.pool_elems)
       throw mismatch_error("pool_size", fmt::format("the shard state was saved over a pool of {} elements; this exchanger's has {}.", id_.pool_elems, mine.pool_elems),
                            "load it into an exchanger built with the same layout as the run that saved it.");
+    read_ranges(max_arrays);
+  }
+  /// Without an exchanger to check against (the offline re-shard): the header is only read.
+  shard_state_file(std::istream& in, std::size_t max_arrays) : r_(in) {
+    id_ = read_checkpoint_identity(r_, std::size_t{1} << 24);
+    read_ranges(max_arrays);
+  }
+
+  [[nodiscard]] const checkpoint_identity& identity() const noexcept { return id_; }
+  [[nodiscard]] std::uint64_t iteration() const noexcept { return iteration_; }
+  [[nodiscard]] std::uint64_t order_fingerprint() const noexcept { return order_fp_; }
+  [[nodiscard]] const std::vector<plan::pool_range>& ranges() const noexcept { return ranges_; }
+  [[nodiscard]] std::size_t arrays() const noexcept { return static_cast<std::size_t>(arrays_); }
+
+  /// The next array: one value per element of ranges(), packed.
+  std::vector<float> next_array() {
+    std::vector<float> v(elems_);
+    r_.elements(v.data(), v.size(), "a shard state array");
+    return v;
+  }
+  void finish() { r_.verify_checksum("shard state"); }
+
+ private:
+  void read_ranges(std::size_t max_arrays) {
     r_.expect_tag(section_tag("SHRD"), "SHRD");
     iteration_ = r_.u64("the iteration");
     order_fp_ = r_.u64("the pool order");
@@ -92,21 +119,6 @@ class shard_state_file {
     if (arrays_ > max_arrays) r_.fail("shard_state", fmt::format("the shard state claims {} arrays; at most {} are read.", arrays_, max_arrays));
   }
 
-  [[nodiscard]] const checkpoint_identity& identity() const noexcept { return id_; }
-  [[nodiscard]] std::uint64_t iteration() const noexcept { return iteration_; }
-  [[nodiscard]] std::uint64_t order_fingerprint() const noexcept { return order_fp_; }
-  [[nodiscard]] const std::vector<plan::pool_range>& ranges() const noexcept { return ranges_; }
-  [[nodiscard]] std::size_t arrays() const noexcept { return static_cast<std::size_t>(arrays_); }
-
-  /// The next array: one value per element of ranges(), packed.
-  std::vector<float> next_array() {
-    std::vector<float> v(elems_);
-    r_.elements(v.data(), v.size(), "a shard state array");
-    return v;
-  }
-  void finish() { r_.verify_checksum("shard state"); }
-
- private:
   checkpoint_reader r_;
   checkpoint_identity id_;
   std::uint64_t iteration_ = 0, order_fp_ = 0, arrays_ = 0;
@@ -132,6 +144,127 @@ inline std::vector<shard_copy_run> take_from(const std::vector<plan::pool_range>
     }
   }
   return runs;
+}
+
+// ---- the offline re-shard (gflow::reshard_checkpoints with shard state, the gflow-reshard tool) -------
+//
+// The new job's shards are not known offline (they follow its bucket plan, topology and size), so
+// the new files hold the old state regrouped, not cut to the new shards: each pool element goes to
+// new file r mod P' of the lowest old rank r whose shard held it (ranks of different groups that
+// hold the same block under Hierarchical<g> or Hybrid keep the same values; the lowest one's are
+// taken). The new files are disjoint and cover the pool once, and load_checkpoint with state takes
+// each element of any new shard from the file that holds it, as it does from an old set. With
+// P' = P the files are rewritten as they were, byte for byte.
+
+/// One shard-<r>.gflow, whole.
+struct shard_image {
+  checkpoint_identity id;
+  std::uint64_t iteration = 0, order_fp = 0;
+  std::vector<plan::pool_range> ranges;
+  std::vector<std::vector<float>> arrays;
+};
+
+inline shard_image read_shard_image(std::istream& in) {
+  shard_state_file f(in, std::size_t{1} << 10);
+  shard_image img;
+  img.id = f.identity();
+  img.iteration = f.iteration();
+  img.order_fp = f.order_fingerprint();
+  img.ranges = f.ranges();
+  for (std::size_t a = 0; a < f.arrays(); ++a) img.arrays.push_back(f.next_array());
+  f.finish();
+  return img;
+}
+
+/// Validates a set of shard files (one per old rank, any order: of one job and one save, covering
+/// the pool) and returns it ordered by rank.
+inline std::vector<const shard_image*> order_shard_set(const std::vector<shard_image>& imgs) {
+  const auto bad = [](std::string what, std::string_view fix) { throw invalid_argument("shard_states", std::move(what), fix); };
+  if (imgs.empty()) bad("no shard state file was given.", "pass the shard-<r>.gflow files of every rank of the job that saved them.");
+  const shard_image& a = imgs[0];
+  const std::uint32_t P = a.id.size;
+  std::vector<const shard_image*> by_rank(P, nullptr);
+  for (std::size_t i = 0; i < imgs.size(); ++i) {
+    const shard_image& b = imgs[i];
+    if (b.id.composition != a.id.composition || b.id.layout_fp != a.id.layout_fp || b.id.tensor_fps != a.id.tensor_fps || b.id.pool_elems != a.id.pool_elems)
+      throw mismatch_error("shard_states", fmt::format("shard state file {} of the set was saved by another exchanger than file 0 (composition <{}> vs <{}>, or another layout).",
+                                                       i, b.id.composition, a.id.composition),
+                           "pass the shard files of one job only.");
+    if (b.id.size != P) bad(fmt::format("shard state file {} was saved in a job of {} ranks; file 0 in one of {}.", i, b.id.size, P), "pass the shard files of one job only.");
+    if (b.id.rank >= P) bad(fmt::format("shard state file {} names rank {} of {}.", i, b.id.rank, P), "pass intact shard files written by save_checkpoint.");
+    if (by_rank[b.id.rank]) bad(fmt::format("rank {} appears twice among the shard state files (file {} and an earlier one).", b.id.rank, i), "pass each rank's shard file once.");
+    by_rank[b.id.rank] = &b;
+  }
+  for (std::uint32_t r = 0; r < P; ++r)
+    if (!by_rank[r])
+      bad(fmt::format("the set holds {} shard state files of a job of {} ranks; rank {}'s is missing.", imgs.size(), P, r),
+          "pass the shard file of every rank: each holds the optimizer state of its own shard.");
+  std::vector<plan::pool_range> covered;
+  for (std::uint32_t r = 0; r < P; ++r) {
+    const shard_image& x = *by_rank[r];
+    const shard_image& z = *by_rank[0];
+    if (x.iteration != z.iteration)
+      throw mismatch_error("iteration", fmt::format("rank 0's shard state is of iteration {}, rank {}'s of iteration {}: the set mixes generations.", z.iteration, r, x.iteration),
+                           "pass shard files saved at the same iteration by every rank.");
+    if (x.order_fp != z.order_fp || x.arrays.size() != z.arrays.size())
+      throw mismatch_error("shard_states", fmt::format("rank {}'s shard state has another pool order or array count ({}) than rank 0's ({}).", r, x.arrays.size(), z.arrays.size()),
+                           "pass shard files saved by one job at one iteration, unmodified.");
+    covered = plan::unite_ranges(covered, x.ranges);
+  }
+  const std::size_t pool = static_cast<std::size_t>(a.id.pool_elems);
+  if (pool != 0 && !(covered.size() == 1 && covered[0].begin == 0 && covered[0].end == pool)) {
+    std::size_t held = 0;
+    for (const plan::pool_range& c : covered) held += c.size();
+    bad(fmt::format("the shard state files hold {} of the pool's {} elements.", held, pool), "pass the shard files of every rank of one save (their shards cover the pool).");
+  }
+  return by_rank;
+}
+
+/// Writes new rank new_rank's shard file of a job of new_size ranks from an ordered, validated set.
+inline void write_resharded_shards(const std::vector<const shard_image*>& set, std::uint32_t new_rank, std::uint32_t new_size, std::ostream& out) {
+  const std::uint32_t P = static_cast<std::uint32_t>(set.size());
+  checkpoint_identity id = set[0]->id;
+  id.rank = new_rank;
+  id.size = new_size;
+  struct piece {
+    plan::pool_range r;
+    const shard_image* from;
+    std::size_t at;  // offset in from's packed arrays
+  };
+  std::vector<piece> pieces;
+  if (P == new_size) {
+    const shard_image& s = *set[new_rank];
+    std::size_t at = 0;
+    for (const plan::pool_range& r : s.ranges) {
+      pieces.push_back({r, &s, at});
+      at += r.size();
+    }
+  } else {
+    std::vector<plan::pool_range> covered;
+    for (std::uint32_t r = 0; r < P; ++r) {
+      const shard_image& s = *set[r];
+      if (r % new_size == new_rank)
+        for (const plan::pool_range& p : plan::subtract_ranges(s.ranges, covered)) pieces.push_back({p, &s, plan::packed_offset(s.ranges, p.begin)});
+      covered = plan::unite_ranges(covered, s.ranges);
+    }
+    std::sort(pieces.begin(), pieces.end(), [](const piece& x, const piece& y) { return x.r.begin < y.r.begin; });
+  }
+  std::vector<plan::pool_range> ranges;
+  std::size_t n = 0;
+  for (const piece& p : pieces) {
+    ranges.push_back(p.r);
+    n += p.r.size();
+  }
+  std::vector<std::vector<float>> arrays(set[0]->arrays.size(), std::vector<float>(n));
+  for (std::size_t a = 0; a < arrays.size(); ++a) {
+    std::size_t at = 0;
+    for (const piece& p : pieces) {
+      std::copy_n(p.from->arrays[a].begin() + static_cast<std::ptrdiff_t>(p.at), p.r.size(), arrays[a].begin() + static_cast<std::ptrdiff_t>(at));
+      at += p.r.size();
+    }
+  }
+  std::vector<std::span<const float>> views(arrays.begin(), arrays.end());
+  write_shard_state(out, id, set[0]->iteration, set[0]->order_fp, ranges, views);
 }
 
 }  // namespace gflow::detail

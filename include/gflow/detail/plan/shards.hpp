@@ -122,6 +122,38 @@ struct shard_plan {
   return out;
 }
 
+/// The elements of `a` that `b` does not hold, ascending (both ascending lists of disjoint ranges).
+[[nodiscard]] inline std::vector<pool_range> subtract_ranges(const std::vector<pool_range>& a, const std::vector<pool_range>& b) {
+  std::vector<pool_range> out;
+  std::size_t j = 0;
+  for (const pool_range& r : a) {
+    while (j < b.size() && b[j].end <= r.begin) ++j;
+    std::size_t x = r.begin;
+    for (std::size_t k = j; x < r.end && k < b.size() && b[k].begin < r.end; ++k) {
+      if (b[k].begin > x) out.push_back({x, b[k].begin});
+      if (b[k].end > x) x = b[k].end;
+    }
+    if (x < r.end) out.push_back({x, r.end});
+  }
+  return out;
+}
+
+/// The elements `a` or `b` holds, ascending, touching ranges joined (both ascending lists of
+/// disjoint ranges).
+[[nodiscard]] inline std::vector<pool_range> unite_ranges(const std::vector<pool_range>& a, const std::vector<pool_range>& b) {
+  std::vector<pool_range> out;
+  std::size_t i = 0, j = 0;
+  while (i < a.size() || j < b.size()) {
+    const pool_range r = j == b.size() || (i < a.size() && a[i].begin <= b[j].begin) ? a[i++] : b[j++];
+    if (!out.empty() && r.begin <= out.back().end) {
+      if (r.end > out.back().end) out.back().end = r.end;
+    } else {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
 /// Where pool element x sits in a buffer that packs `ranges` (ascending, disjoint) back to back; x
 /// must lie in one of them.
 [[nodiscard]] inline std::size_t packed_offset(const std::vector<pool_range>& ranges, std::size_t x) {
