@@ -5,10 +5,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -237,6 +239,32 @@ PYBIND11_MODULE(_gflow, m) {
       }, py::arg("values"), "In place: this rank's shard of `values` (laid out like the pool) to every rank, the others' back (collective).")
       .def("save_state", [](const exchanger& x) { return py::bytes(x.port->save_state()); })
       .def("load_state", [](exchanger& x, const py::bytes& b) { x.port->load_state(std::string(b)); })
+      .def("save_checkpoint", [](const exchanger& x, const std::string& root, const std::vector<py::buffer>& arrays) {
+        std::vector<py::buffer_info> infos;
+        std::vector<std::span<const float>> state;
+        for (const py::buffer& b : arrays) {
+          infos.push_back(b.request());
+          const py::buffer_info& info = infos.back();
+          if (info.format != py::format_descriptor<float>::format() || info.ndim != 1 || info.strides[0] != static_cast<py::ssize_t>(sizeof(float)))
+            throw invalid_argument("state", "save_checkpoint takes contiguous one-dimensional float32 arrays (got format '" + info.format + "', " +
+                                                std::to_string(info.ndim) + " dimensions).",
+                                   "pass each state array packed over shard(), e.g. torch.cat([...]).numpy().");
+          state.emplace_back(static_cast<const float*>(info.ptr), static_cast<std::size_t>(info.size));
+        }
+        return x.port->save_checkpoint(root, state);
+      }, py::arg("root"), py::arg("state") = std::vector<py::buffer>{},
+         "gflow::save_checkpoint: root/iter-<n>/rank-<r>.gflow (+ shard-<r>.gflow with state); the rank file's path.")
+      .def("load_checkpoint", [](exchanger& x, const std::string& root, bool with_state) {
+        auto [it, state] = x.port->load_checkpoint(root, with_state);
+        py::list arrays;
+        for (auto& a : state) {
+          py::array_t<float> v(static_cast<py::ssize_t>(a.size()));
+          std::copy(a.begin(), a.end(), v.mutable_data());
+          arrays.append(v);
+        }
+        return py::make_tuple(it, arrays);
+      }, py::arg("root"), py::arg("with_state") = false,
+         "gflow::load_checkpoint: the newest complete set under root (re-sharded on another number of ranks); (iteration, state arrays).")
       .def("buckets", [](const exchanger& x) { return x.port->buckets(); })
       .def("selected_chunks", [](const exchanger& x) { return x.port->selected_chunks(); })
       .def("chunk_elems", [](const exchanger& x) { return x.port->chunk_elems(); })

@@ -23,6 +23,7 @@
 #include <gflow/exchanger.hpp>
 #include <gflow/policies/csc.hpp>
 #include <gflow/policies/topk.hpp>
+#include <gflow/reshard.hpp>
 #include <gflow/timeline.hpp>
 #include <gflow/transport/mpi.hpp>
 
@@ -67,6 +68,12 @@ class port {
     throw usage_error("gather_shards", "this composition does not shard (its name has no 'shard').",
                       "use a composition with Sharding<ReduceScatter>, e.g. 'fusion=4MiB+shard' (gflow.torch.compositions()).");
   }
+  /// gflow::save_checkpoint(ex, root[, state]) (reshard.hpp): the file written. `state` (arrays
+  /// packed over shard()) only with a sharded composition.
+  virtual std::string save_checkpoint(const std::string& root, const std::vector<std::span<const float>>& state) const = 0;
+  /// gflow::load_checkpoint(ex, root[, state]): the iteration resumed at and, with_state (sharded
+  /// compositions), the arrays saved with the set, packed over shard() as it is after the load.
+  virtual std::pair<std::uint64_t, std::vector<std::vector<float>>> load_checkpoint(const std::string& root, bool with_state) = 0;
 };
 
 using factory = std::unique_ptr<port> (*)(mpi::transport&, Layout, exchange_options);
@@ -238,6 +245,29 @@ class port_for final : public port {
   void gather_shards(float* values, std::size_t n) override {
     if constexpr (set::sharding::sharded) ex_.gather_shards({values, n});
     else port::gather_shards(values, n);
+  }
+  std::string save_checkpoint(const std::string& root, const std::vector<std::span<const float>>& state) const override {
+    if constexpr (set::sharding::sharded) {
+      return gflow::save_checkpoint(ex_, root, state).string();
+    } else {
+      if (!state.empty())
+        throw invalid_argument("state", "composition '" + name() + "' does not shard, so a checkpoint holds no per-shard state.",
+                               "save without state, or use a composition with Sharding<ReduceScatter> ('...+shard').");
+      return gflow::save_checkpoint(ex_, root).string();
+    }
+  }
+  std::pair<std::uint64_t, std::vector<std::vector<float>>> load_checkpoint(const std::string& root, bool with_state) override {
+    std::vector<std::vector<float>> state;
+    if constexpr (set::sharding::sharded) {
+      if (with_state) {
+        const std::uint64_t it = gflow::load_checkpoint(ex_, root, state);
+        return {it, std::move(state)};
+      }
+    } else if (with_state) {
+      throw invalid_argument("with_state", "composition '" + name() + "' does not shard, so its checkpoints hold no per-shard state.",
+                             "load without state, or use a composition with Sharding<ReduceScatter> ('...+shard').");
+    }
+    return {gflow::load_checkpoint(ex_, root), std::move(state)};
   }
 
  private:

@@ -439,6 +439,136 @@ def test_sharded_optimizer_refuses_a_composition_without_shard_and_a_join_withou
     plain.close()
 
 
+def test_sharded_learn_order_follows_the_learned_layout_bitwise():
+    """Parameters listed in reverse, so that learn_order lays the pool out anew at the first step: the
+    sharded optimizer's weights and shard follow it, and its parameters stay bitwise the unsharded
+    learn_order optimizer's (gradients k/64, lr = momentum = 0.5: every sum exact)."""
+    full = _model_params(3)
+    sharded = _model_params(3)
+    plain = gt.DistributedOptimizer(torch.optim.SGD(full, lr=0.5, momentum=0.5), list(reversed([("p%d" % i, p) for i, p in enumerate(full)])),
+                                    composition="fusion=4MiB", learn_order=True)
+    zero = gt.ShardedOptimizer(torch.optim.SGD, list(reversed([("p%d" % i, p) for i, p in enumerate(sharded)])), composition="fusion=4MiB+shard",
+                               lr=0.5, momentum=0.5, learn_order=True)
+    before = zero.pool_offsets()
+    for it in range(4):
+        for params, opt in ((full, plain), (sharded, zero)):
+            opt.zero_grad()
+            backward(params, it)
+            opt.step()
+        for a, b in zip(full, sharded):
+            assert a.detach().numpy().tobytes() == b.detach().numpy().tobytes(), "iteration %d" % it
+    assert zero._exchanger.generation == 1 and plain._exchanger.generation == 1  # the pool moved once
+    offsets = zero.pool_offsets()
+    assert offsets != before and offsets == plain.pool_offsets()
+    w = zero._weights
+    for p, off in zip(reversed(sharded), offsets):  # layout order is the reversed list
+        assert p.data_ptr() == w.data_ptr() + 4 * off
+    shard_elems = sum(e - f for f, e in zero._exchanger.shard())
+    assert zero.state_bytes() == 4 * shard_elems
+    gt.verify_replicas([p.detach() for p in sharded])
+    # A state of another pool order (saved before the order was learned) once the optimizer has
+    # state: refused, nothing loaded, and the next step still matches the unsharded one bitwise.
+    early = gt.ShardedOptimizer(torch.optim.SGD, list(reversed([("p%d" % i, p) for i, p in enumerate(_model_params(3))])),
+                                composition="fusion=4MiB+shard", lr=0.5, momentum=0.5, learn_order=True)
+    other_order = early.save_state()
+    early.close()
+    with pytest.raises(errors.UsageError) as e:
+        zero.load_state(other_order)
+    assert e.value.subject == "load_state" and "nothing was loaded" in str(e.value)
+    assert zero.pool_offsets() == offsets
+    for params, opt in ((full, plain), (sharded, zero)):
+        opt.zero_grad()
+        backward(params, 4)
+        opt.step()
+    for a, b in zip(full, sharded):
+        assert a.detach().numpy().tobytes() == b.detach().numpy().tobytes()
+    plain.close()
+    zero.close()
+
+
+def test_sharded_checkpoint_with_adam_state_resumes_bitwise():
+    """ShardedOptimizer.save_checkpoint after 3 steps of Adam, then 2 more steps; a fresh
+    ShardedOptimizer over the saved parameters loads the set and takes the same 2 steps: the
+    parameters agree to the bit, and the loaded state is the saved one (exp_avg, exp_avg_sq, step)."""
+    import shutil
+    import tempfile
+    root = gt.broadcast_object(tempfile.mkdtemp(prefix="gflow_pyckpt_") if R == 0 else None)
+    params = _model_params(5)
+    zero = gt.ShardedOptimizer(torch.optim.Adam, [("p%d" % i, p) for i, p in enumerate(params)], composition="fusion=4MiB+shard", lr=0.01)
+    for it in range(3):
+        zero.zero_grad()
+        backward(params, it)
+        zero.step()
+    path = zero.save_checkpoint(root)
+    set_dir = os.path.dirname(path)
+    assert os.path.basename(path) == "rank-%d.gflow" % R and os.path.basename(set_dir) == "iter-%012d" % 3
+    assert os.path.exists(os.path.join(set_dir, "shard-%d.gflow" % R)) and os.path.exists(os.path.join(set_dir, "optim-%d.pt" % R))
+    saved = [p.detach().clone() for p in params]
+    state_then = {k: v.clone() for w in zero._shard_views() for k, v in zero.inner.state[w].items()}
+    bytes_then = zero.state_bytes()
+    for it in range(3, 5):
+        zero.zero_grad()
+        backward(params, it)
+        zero.step()
+    went_on = [p.detach().numpy().tobytes() for p in params]
+    zero.close()
+    params2 = [torch.nn.Parameter(s.clone()) for s in saved]
+    zero2 = gt.ShardedOptimizer(torch.optim.Adam, [("p%d" % i, p) for i, p in enumerate(params2)], composition="fusion=4MiB+shard", lr=0.5)
+    assert zero2.load_checkpoint(root) == 3
+    assert zero2.param_groups[0]["lr"] == 0.01  # the groups' settings come back too
+    assert zero2.state_bytes() == bytes_then
+    assert sorted(zero2.inner.state[zero2._shard_views()[0]].keys()) == ["exp_avg", "exp_avg_sq", "step"]
+    assert float(zero2.inner.state[zero2._shard_views()[0]]["step"]) == 3.0
+    del state_then
+    for it in range(3, 5):
+        zero2.zero_grad()
+        backward(params2, it)
+        zero2.step()
+    assert [p.detach().numpy().tobytes() for p in params2] == went_on
+    zero2.close()
+    gt.broadcast_object(None)  # every rank has read the set before rank 0 removes it
+    if R == 0:
+        shutil.rmtree(root)
+
+
+def test_sharded_checkpoint_refuses_uneven_view_state_and_incomplete_sets():
+    """composition="shard" (a bucket per tensor: one shard view per tensor) so that views can differ."""
+    import shutil
+    import tempfile
+    root = gt.broadcast_object(tempfile.mkdtemp(prefix="gflow_pyckpt_bad_") if R == 0 else None)
+    params = _model_params(6)
+    zero = gt.ShardedOptimizer(torch.optim.Adam, [("p%d" % i, p) for i, p in enumerate(params)], composition="shard", lr=0.01)
+    zero.zero_grad()
+    backward(params, 0)
+    zero.step()
+    views = zero._shard_views()
+    assert len(views) >= 2
+    keep = zero.inner.state[views[1]]["step"]
+    zero.inner.state[views[1]]["step"] = torch.tensor(99.0)
+    with pytest.raises(errors.UsageError) as e:
+        zero.save_checkpoint(root)
+    assert e.value.subject == "state" and "different state" in str(e.value)
+    zero.inner.state[views[1]]["step"] = keep
+    path = zero.save_checkpoint(root)
+    gt.broadcast_object(None)  # every rank's files are written before any rank loads
+    side = os.path.join(os.path.dirname(path), "optim-%d.pt" % R)
+    meta = torch.load(side)
+    torch.save(dict(meta, keys=meta["keys"][:1]), side)  # names one array of the two saved
+    with pytest.raises(errors.MismatchError) as e:
+        zero.load_checkpoint(root)
+    assert e.value.subject == "root" and "names 1 state arrays; the shard files hold 2" in str(e.value)
+    gt.broadcast_object(None)
+    os.remove(side)  # every rank its own, rank 0's (the fallback) too
+    gt.broadcast_object(None)
+    with pytest.raises(errors.InvalidArgument) as e:
+        zero.load_checkpoint(root)
+    assert e.value.subject == "root" and "has no optim-<r>.pt" in str(e.value)
+    zero.close()
+    gt.broadcast_object(None)
+    if R == 0:
+        shutil.rmtree(root)
+
+
 def test_sharded_join_steps_the_shard_and_ends_with_the_unsharded_jobs_parameters():
     """Rank r trains 2 + r iterations, then joins. The unsharded job's join() takes the last training
     rank's parameters; the sharded job's join() steps each rank's shard after each shadowed iteration.

@@ -2,6 +2,7 @@
 import contextlib
 import weakref
 
+import numpy as np
 import torch
 
 from .. import errors
@@ -88,6 +89,9 @@ class _DistributedOptimizer:
     def _rebind_if_moved(self):
         if self._exchanger.generation != self._generation:
             self._bind(moved=True)  # learn_order / load_state moved the views; the exchanger moved the values
+            relay = getattr(self, "_relay_shard", None)
+            if relay is not None:
+                relay()  # ShardedOptimizer: its weights and shard views follow the new layout
 
     def _make_hook(self, i):
         def hook(*unused):
@@ -180,12 +184,24 @@ class _DistributedOptimizer:
         return data
 
     def load_state(self, data_or_path):
-        """Restores what save_state wrote on this rank (bytes or a path)."""
+        """Restores what save_state wrote on this rank (bytes or a path). A ShardedOptimizer whose
+        optimizer has state refuses a state of another pool order (its state is per element of the
+        shard that order gives): UsageError('load_state'), and nothing is loaded."""
         data = data_or_path
         if not isinstance(data, (bytes, bytearray)):
             with open(data_or_path, "rb") as f:
                 data = f.read()
+        held = getattr(self, "_shard_state_held", None)
+        backup = self._exchanger.save_state() if held is not None and held() else None
         self._exchanger.load_state(bytes(data))
+        if backup is not None and self._exchanger.generation != self._generation:
+            self._exchanger.load_state(backup)  # back to the order the optimizer's state is of
+            self._bind(moved=True)
+            self._regrad_shard()
+            raise errors.make(errors.UsageError, "load_state",
+                              "the state was saved over another pool order (learn_order) than this sharded optimizer's, whose "
+                              "optimizer state is per element of its shard in this order; nothing was loaded.",
+                              "load it before the first step, or load a state saved by a job with the same learned order.")
         self._rebind_if_moved()
 
     @property
@@ -260,19 +276,7 @@ class _ShardedStep(torch.optim.Optimizer):
             raise errors.make(errors.InvalidArgument, "composition",
                               "ShardedOptimizer needs a composition with Sharding<ReduceScatter>; '%s' has no 'shard'." % name,
                               "pass e.g. composition=\"fusion=4MiB+shard\" (gflow.torch.compositions() lists the menu).")
-        self._weights = torch.empty(self._pool.numel(), dtype=torch.float32)
-        with torch.no_grad():
-            for p, off in zip(self._gparams, ex.offsets()):
-                n = p.numel()
-                self._weights.narrow(0, off, n).copy_(p.detach().reshape(-1))
-                p.data = self._weights.narrow(0, off, n).view(p.shape)
-        shard_views = []
-        for first, end in ex.shard():
-            if end > first:
-                w = self._weights.narrow(0, first, end - first)
-                w.grad = self._pool.narrow(0, first, end - first)
-                shard_views.append(w)
-        self.inner = self._inner_class(shard_views, **self._inner_kwargs)
+        self.inner = self._inner_class(self._lay_out(), **self._inner_kwargs)
         # The user's optimizer is the one that steps: its groups and state are this object's
         # (learning-rate schedulers, state_dict() of this rank's shard).
         self.param_groups = self.inner.param_groups
@@ -280,9 +284,140 @@ class _ShardedStep(torch.optim.Optimizer):
         self.defaults = self.inner.defaults
 
     @torch.no_grad()
+    def _lay_out(self):
+        """The weights laid out like the pool (the parameters' .data views of them, their values
+        kept) and one flat view per non-empty range of this rank's shard, its .grad the pool's slice."""
+        ex = self._exchanger
+        weights = torch.empty(self._pool.numel(), dtype=torch.float32)
+        for p, off in zip(self._gparams, ex.offsets()):
+            n = p.numel()
+            weights.narrow(0, off, n).copy_(p.detach().reshape(-1))
+            p.data = weights.narrow(0, off, n).view(p.shape)
+        self._weights = weights
+        shard_views = []
+        for first, end in ex.shard():
+            if end > first:
+                w = weights.narrow(0, first, end - first)
+                w.grad = self._pool.narrow(0, first, end - first)
+                shard_views.append(w)
+        return shard_views
+
+    def _shard_state_held(self):
+        return any(len(st) for st in self.inner.state.values())
+
+    def _regrad_shard(self):
+        """Each shard view's .grad the pool's slice again (the pool tensor was re-bound, same layout)."""
+        views = [w for w in self.inner.param_groups[0]["params"]]
+        ranges = [(f, e) for f, e in self._exchanger.shard() if e > f]
+        for w, (f, e) in zip(views, ranges):
+            w.grad = self._pool.narrow(0, f, e - f)
+
+    def _relay_shard(self):
+        """After learn_order's first finish() (or a load_state of another order before the first step)
+        laid the pool out anew: the weights and the shard views follow. The optimizer has no state yet
+        (load_state refuses a new order once it has: the state is per element of the old shard)."""
+        assert not self._shard_state_held(), "a pool move with optimizer state (load_state checks this first)"
+        views = self._lay_out()
+        groups = self.inner.param_groups
+        if len(groups) != 1:
+            raise errors.make(errors.UsageError, "param_groups", "the sharded optimizer has %d parameter groups; it builds one." % len(groups),
+                              "leave param_groups as ShardedOptimizer built them (one group over the shard).")
+        groups[0]["params"] = views  # the group's settings (lr as a scheduler set it) stay
+        self.inner.state.clear()
+
+    @torch.no_grad()
     def step(self, closure=None):
         self.inner.step()
         self._exchanger.gather_shards(self._weights.numpy())
+
+    def _shard_views(self):
+        return list(self.inner.param_groups[0]["params"])
+
+    def save_checkpoint(self, root):
+        """gflow's checkpoint set with this rank's shard of the optimizer state (every rank, between
+        the same iterations): root/iter-<n>/rank-<r>.gflow (the exchanger), shard-<r>.gflow (each
+        per-element state tensor, e.g. momentum_buffer or Adam's exp_avg / exp_avg_sq, packed over
+        the shard) and optim-<r>.pt (the per-parameter state that is not per element, such as Adam's
+        step, identical over the shard's views, and the groups' settings). load_checkpoint reads it
+        on any number of ranks. The model's parameters are saved as usual (model.state_dict()).
+        Returns the rank file's path."""
+        import os
+        views = self._shard_views()
+        keys, scalars = [], {}
+        if views and views[0] in self.inner.state:
+            for k, v in self.inner.state[views[0]].items():
+                if torch.is_tensor(v) and v.shape == views[0].shape and v.dtype == torch.float32:
+                    keys.append(k)
+                else:
+                    scalars[k] = v
+        for w in views:
+            st = self.inner.state.get(w, {})
+            if sorted(st.keys()) != sorted(keys + list(scalars.keys())) or any(not torch.equal(torch.as_tensor(st[k]), torch.as_tensor(v))
+                                                                               for k, v in scalars.items()):
+                raise errors.make(errors.UsageError, "state",
+                                  "the shard's views hold different state (keys, or per-parameter values such as a step count); "
+                                  "a checkpoint packs one array per key over the whole shard.",
+                                  "step every view together (ShardedOptimizer.step() does), then save.")
+        arrays = [torch.cat([self.inner.state[w][k].reshape(-1) for w in views]).numpy() if views else np.zeros(0, np.float32)
+                  for k in keys]
+        ex = self._exchanger
+        set_dir = os.path.join(str(root), "iter-%012d" % ex.iteration)
+        os.makedirs(set_dir, exist_ok=True)
+        side = os.path.join(set_dir, "optim-%d.pt" % _gflow.rank())
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.inner.param_groups]
+        torch.save({"keys": keys, "scalars": scalars, "groups": groups}, side + ".tmp")
+        os.replace(side + ".tmp", side)  # before the rank file, as the shard file: a complete set has both
+        return ex.save_checkpoint(str(root), arrays)
+
+    def load_checkpoint(self, root):
+        """Loads the newest complete set under root that save_checkpoint wrote, on this job's number of
+        ranks or another (the exchanger's state and the shard state re-shard as gflow::load_checkpoint
+        does): the optimizer's per-element state over this rank's new shard, its other state and the
+        groups' settings. Returns the iteration it resumes at. Load the model's parameters as usual."""
+        import os
+        held = dict(self.inner.state)
+        self.inner.state.clear()  # replaced below; a pool move (another learned order) may re-lay the shard
+        try:
+            it, arrays = self._exchanger.load_checkpoint(str(root), True)
+        except Exception:
+            if self._exchanger.generation == self._generation:
+                self.inner.state.update(held)  # nothing was applied to the pool: the state stays
+            else:
+                self._rebind_if_moved()
+            raise
+        moved = self._exchanger.generation != self._generation
+        self._rebind_if_moved()
+        side = os.path.join(str(root), "iter-%012d" % it, "optim-%d.pt" % _gflow.rank())
+        if not os.path.exists(side):
+            side = os.path.join(str(root), "iter-%012d" % it, "optim-0.pt")  # a rank the saving job did not have
+        problem = None
+        if not os.path.exists(side):
+            problem = errors.make(errors.InvalidArgument, "root",
+                                  "the checkpoint set '%s' has no optim-<r>.pt; the exchanger's state was loaded, the optimizer's was not." %
+                                  os.path.dirname(side), "load a set that ShardedOptimizer.save_checkpoint wrote.")
+        else:
+            meta = torch.load(side)
+            if len(meta["keys"]) != len(arrays):
+                problem = errors.make(errors.MismatchError, "root",
+                                      "optim-<r>.pt names %d state arrays; the shard files hold %d; the exchanger's state was loaded, the "
+                                      "optimizer's was not." % (len(meta["keys"]), len(arrays)), "load a set whose files all come from one save.")
+        if problem is not None:
+            if not moved:
+                self.inner.state.update(held)  # the shard is where it was: the optimizer keeps its state
+            raise problem
+        for g, saved in zip(self.inner.param_groups, meta["groups"]):
+            g.update(saved)
+        at = 0
+        for w in self._shard_views():
+            n = w.numel()
+            st = {k: torch.from_numpy(a[at:at + n].copy()).view(w.shape) for k, a in zip(meta["keys"], arrays)}
+            for k, v in meta["scalars"].items():
+                st[k] = v.clone() if torch.is_tensor(v) else v
+            if st:
+                self.inner.state[w] = st
+            at += n
+        self._synchronized = False
+        return it
 
     def state_bytes(self):
         """The optimizer state this rank holds, counted: the bytes of every tensor in its state."""
@@ -290,7 +425,7 @@ class _ShardedStep(torch.optim.Optimizer):
 
 
 def ShardedOptimizer(optimizer_class, named_parameters, composition="fusion=4MiB+shard", find_unused=False, uneven_inputs=False,
-                     **optimizer_kwargs):
+                     learn_order=False, **optimizer_kwargs):
     """ZeRO-2 over a gflow composition with Sharding<ReduceScatter> ('shard' in its name).
 
     optimizer_class(params, **optimizer_kwargs) is built over this rank's shard of the parameters only
@@ -299,14 +434,17 @@ def ShardedOptimizer(optimizer_class, named_parameters, composition="fusion=4MiB
     this rank's shard of each .grad (the rest of .grad is unspecified), the step of the shard, then
     gather_shards of the weights: every rank holds every parameter again. Everything else is
     DistributedOptimizer's (zero_grad, no_sync, synchronize, the hooks); with uneven_inputs=True a rank
-    out of data calls join(), which steps its shard after each iteration it shadows. Not built yet:
-    learn_order, load_state of another pool order.
+    out of data calls join(), which steps its shard after each iteration it shadows. learn_order=True
+    lays the pool out in the order the hooks fire in the first iteration; the weights and the shard
+    follow it at that first step, before the optimizer has state. A load_state that lays the pool
+    out in another order after the first step raises UsageError('load_state').
 
         opt = gt.ShardedOptimizer(torch.optim.SGD, model.named_parameters(), lr=0.1, momentum=0.9)
     """
     named = list(named_parameters)
     host = _ShardedStep([p for _, p in named if isinstance(p, torch.Tensor) and p.requires_grad], optimizer_class, optimizer_kwargs)
-    opt = DistributedOptimizer(host, named, composition=composition, find_unused=find_unused, uneven_inputs=uneven_inputs)
+    opt = DistributedOptimizer(host, named, composition=composition, find_unused=find_unused, uneven_inputs=uneven_inputs,
+                               learn_order=learn_order)
     opt._shard()
     return opt
 
