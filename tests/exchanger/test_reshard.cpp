@@ -27,9 +27,11 @@
 
 #include <unistd.h>
 
+#include "checkpoint_streams.hpp"
 #include "compositions.hpp"
 
 using namespace gflow;
+using gflow_test::streams;
 using gflow_test::on_inproc;
 
 namespace {
@@ -77,18 +79,6 @@ std::vector<std::string> saved_set(int P, int k, const std::function<void(on_inp
   });
   return files;
 }
-
-struct streams {
-  std::vector<std::unique_ptr<std::istringstream>> own;
-  std::vector<std::istream*> ptr;
-  explicit streams(const std::vector<std::string>& files) {
-    for (const auto& f : files) {
-      own.push_back(std::make_unique<std::istringstream>(f, std::ios::binary));
-      ptr.push_back(own.back().get());
-    }
-  }
-  std::span<std::istream* const> span() const { return ptr; }
-};
 
 /// The residual of each old checkpoint (loaded back on its own rank).
 template <class E>

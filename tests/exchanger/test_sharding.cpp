@@ -25,6 +25,7 @@
 #include <sstream>
 #include <vector>
 
+#include "checkpoint_streams.hpp"
 #include "compositions.hpp"
 #include "test_values.hpp"
 
@@ -898,18 +899,6 @@ std::string file_bytes(const std::filesystem::path& f) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-struct file_streams {
-  std::vector<std::unique_ptr<std::istringstream>> in;
-  std::vector<std::istream*> p;
-  explicit file_streams(const std::vector<std::string>& bytes) {
-    for (const auto& b : bytes) {
-      in.push_back(std::make_unique<std::istringstream>(b, std::ios::binary));
-      p.push_back(in.back().get());
-    }
-  }
-  std::span<std::istream* const> span() const { return p; }
-};
-
 // Saved on P ranks (state: each element's pool index and its negation), rewritten offline for P2
 // ranks, written as a set of P2 and loaded there: every rank's state holds its new shard's indices.
 // The new shard files cover the pool, once when P2 != P; with P2 = P they are the old bytes.
@@ -932,7 +921,7 @@ void offline_reshard_follows(int P, int P2, const Layout& l) {
     ck.push_back(file_bytes(checkpoint_file(dir, r)));
     sh.push_back(file_bytes(shard_state_file(dir, r)));
   }
-  const file_streams cks(ck), shs(sh);
+  const streams cks(ck), shs(sh);
   const resharded_set out = reshard_checkpoints(cks.span(), shs.span(), P2);
   REQUIRE(out.checkpoints.size() == std::size_t(P2));
   REQUIRE(out.shard_states.size() == std::size_t(P2));
@@ -1008,7 +997,7 @@ TEST_CASE("sharding: an offline re-shard refuses shard files of another save, si
   const fs::path one = checkpoint_set_dir(root, 1), two = checkpoint_set_dir(root, 2);
   const std::vector<std::string> ck{file_bytes(checkpoint_file(two, 0)), file_bytes(checkpoint_file(two, 1))};
   const auto refuse = [&](const std::vector<std::string>& shards, const std::string& subject, const std::string& says) {
-    const file_streams cks(ck), shs(shards);
+    const streams cks(ck), shs(shards);
     try {
       (void)reshard_checkpoints(cks.span(), shs.span(), 3);
       FAIL("re-sharded a bad set");

@@ -392,6 +392,18 @@ def _model_params(seed_offset=0):
     return out
 
 
+def _lockstep(full, plain, sharded, zero, iterations):
+    """The same iterations on the unsharded and the sharded optimizer; their parameters must agree
+    to the bit after each."""
+    for it in iterations:
+        for params, opt in ((full, plain), (sharded, zero)):
+            opt.zero_grad()
+            backward(params, it)
+            opt.step()
+        for a, b in zip(full, sharded):
+            assert a.detach().numpy().tobytes() == b.detach().numpy().tobytes(), "iteration %d" % it
+
+
 def test_sharded_step_is_bitwise_the_full_step_with_one_eighth_of_the_state():
     """Gradients k/64 and lr = momentum = 0.5 keep every sum and product exact, so reduce-scatter and
     allreduce (whatever order Open MPI adds in) and the shard's SGD against the whole model's must
@@ -403,13 +415,7 @@ def test_sharded_step_is_bitwise_the_full_step_with_one_eighth_of_the_state():
     zero = gt.ShardedOptimizer(torch.optim.SGD, [("p%d" % i, p) for i, p in enumerate(sharded)], composition="fusion=4MiB+shard",
                                lr=0.5, momentum=0.5)
     assert zero.composition == "fusion=4MiB+shard"
-    for it in range(4):
-        for params, opt in ((full, plain), (sharded, zero)):
-            opt.zero_grad()
-            backward(params, it)
-            opt.step()
-        for a, b in zip(full, sharded):
-            assert a.detach().numpy().tobytes() == b.detach().numpy().tobytes(), "iteration %d" % it
+    _lockstep(full, plain, sharded, zero, range(4))
     plain_bytes = sum(v.numel() * v.element_size() for st in plain.state.values() for v in st.values() if torch.is_tensor(v))
     total = sum(p.numel() for p in full)
     assert plain_bytes == 4 * total
@@ -450,13 +456,7 @@ def test_sharded_learn_order_follows_the_learned_layout_bitwise():
     zero = gt.ShardedOptimizer(torch.optim.SGD, list(reversed([("p%d" % i, p) for i, p in enumerate(sharded)])), composition="fusion=4MiB+shard",
                                lr=0.5, momentum=0.5, learn_order=True)
     before = zero.pool_offsets()
-    for it in range(4):
-        for params, opt in ((full, plain), (sharded, zero)):
-            opt.zero_grad()
-            backward(params, it)
-            opt.step()
-        for a, b in zip(full, sharded):
-            assert a.detach().numpy().tobytes() == b.detach().numpy().tobytes(), "iteration %d" % it
+    _lockstep(full, plain, sharded, zero, range(4))
     assert zero._exchanger.generation == 1 and plain._exchanger.generation == 1  # the pool moved once
     offsets = zero.pool_offsets()
     assert offsets != before and offsets == plain.pool_offsets()
@@ -476,12 +476,7 @@ def test_sharded_learn_order_follows_the_learned_layout_bitwise():
         zero.load_state(other_order)
     assert e.value.subject == "load_state" and "nothing was loaded" in str(e.value)
     assert zero.pool_offsets() == offsets
-    for params, opt in ((full, plain), (sharded, zero)):
-        opt.zero_grad()
-        backward(params, 4)
-        opt.step()
-    for a, b in zip(full, sharded):
-        assert a.detach().numpy().tobytes() == b.detach().numpy().tobytes()
+    _lockstep(full, plain, sharded, zero, [4])
     plain.close()
     zero.close()
 
