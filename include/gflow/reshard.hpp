@@ -307,18 +307,9 @@ std::filesystem::path save_checkpoint(const Ex& ex, const std::filesystem::path&
   return save_checkpoint(ex, root);
 }
 
-/// load_checkpoint, and the trainer's per-shard state saved with it, packed over ex.shard() as it
-/// is after the load (into `shard_state`, one vector per array saved). On the saving job's ranks
-/// and plan each rank reads its own file; otherwise (another number of ranks, other buckets or
-/// another split) each element of the new shard comes from the first old file, this rank's own
-/// first, whose shard held it. Every file read is validated; a set without shard files, of
-/// another layout, composition, pool order or iteration, or whose shards do not cover this rank's
-/// raises a typed error naming it, and shard_state is then unchanged.
+namespace detail {
 template <class Ex>
-  requires requires(const Ex& e) { e.shard(); }
-std::uint64_t load_checkpoint(Ex& ex, const std::filesystem::path& root, std::vector<std::vector<float>>& shard_state) {
-  const std::vector<std::filesystem::path> files = detail::newest_or_throw(root);
-  const std::uint64_t it = detail::load_set(ex, files);
+std::uint64_t load_shard_states(Ex& ex, const std::vector<std::filesystem::path>& files, std::uint64_t it, std::vector<std::vector<float>>& shard_state) {
   const int rank = ex.transport().rank(), old_size = static_cast<int>(files.size());
   const detail::checkpoint_identity id = detail::make_checkpoint_identity<typename Ex::policies>(ex.layout(), rank, ex.transport().size(), ex.pool_size());
   const std::uint64_t order = detail::pool_order_fingerprint(ex.pool_plan().offset);
@@ -333,10 +324,11 @@ std::uint64_t load_checkpoint(Ex& ex, const std::filesystem::path& root, std::ve
   if (rank < old_size) order_of_reads.push_back(rank);
   for (int k = 0; k < old_size; ++k)
     if (k != rank) order_of_reads.push_back(k);
-  bool first = true;
+  bool counted = false;  // the array count is known (from the first file that holds any range)
+  int count_from = 0;
   for (int k : order_of_reads) {
-    if (left == 0 && !first) break;
-    const std::filesystem::path f = shard_state_file(files[static_cast<std::size_t>(k)].parent_path(), k);
+    if (left == 0 && counted) break;
+    const std::filesystem::path f = gflow::shard_state_file(files[static_cast<std::size_t>(k)].parent_path(), k);
     std::ifstream in(f, std::ios::binary);
     if (!in)
       throw invalid_argument("root", "the checkpoint set has no shard state file '" + f.string() + "'.",
@@ -351,12 +343,14 @@ std::uint64_t load_checkpoint(Ex& ex, const std::filesystem::path& root, std::ve
     if (s.order_fingerprint() != order)
       throw mismatch_error("shard_state", fmt::format("'{}' was saved over another pool order than the one its set's checkpoint restored.", f.string()),
                            "load a set whose files all come from one save of one job.");
-    if (first) {
+    if (s.ranges().empty()) continue;  // a rank whose shard was empty: its array count says nothing
+    if (!counted) {
       arrays = s.arrays();
       out.assign(arrays, std::vector<float>(elems, 0.0f));
-      first = false;
+      counted = true;
+      count_from = k;
     } else if (s.arrays() != arrays) {
-      throw mismatch_error("shard_state", fmt::format("'{}' holds {} arrays; rank {}'s file holds {}.", f.string(), s.arrays(), order_of_reads.front(), arrays),
+      throw mismatch_error("shard_state", fmt::format("'{}' holds {} arrays; rank {}'s file holds {}.", f.string(), s.arrays(), count_from, arrays),
                            "load a set whose files all come from one save of one job.");
     }
     const auto runs = detail::take_from(s.ranges(), mine, filled);
@@ -374,5 +368,32 @@ std::uint64_t load_checkpoint(Ex& ex, const std::filesystem::path& root, std::ve
   shard_state = std::move(out);
   return it;
 }
+}  // namespace detail
+
+/// load_checkpoint, and the trainer's per-shard state saved with it, packed over ex.shard() as it
+/// is after the load (into `shard_state`, one vector per array saved). On the saving job's ranks
+/// and plan each rank reads its own file; otherwise (another number of ranks, other buckets or
+/// another split) each element of the new shard comes from the first old file, this rank's own
+/// first, whose shard held it. Every file read is validated; a set without shard files, of
+/// another layout, composition, pool order or iteration, or whose shards do not cover this rank's
+/// raises a typed error naming it; ex (its state before the call put back) and shard_state are then
+/// unchanged. A file whose shard was empty (a rank that held no element) may hold no arrays.
+template <class Ex>
+  requires requires(const Ex& e) { e.shard(); }
+std::uint64_t load_checkpoint(Ex& ex, const std::filesystem::path& root, std::vector<std::vector<float>>& shard_state) {
+  const std::vector<std::filesystem::path> files = detail::newest_or_throw(root);
+  // A bad shard file is found after the exchanger's own state was loaded: its state before the
+  // call is put back then, so a failed load changes nothing.
+  std::stringstream before(std::ios::in | std::ios::out | std::ios::binary);
+  ex.save_state(before);
+  try {
+    return detail::load_shard_states(ex, files, detail::load_set(ex, files), shard_state);
+  } catch (...) {
+    before.seekg(0);
+    ex.load_state(before);
+    throw;
+  }
+}
+
 
 }  // namespace gflow

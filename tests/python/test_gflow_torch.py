@@ -499,7 +499,7 @@ def test_sharded_checkpoint_with_adam_state_resumes_bitwise():
     assert os.path.basename(path) == "rank-%d.gflow" % R and os.path.basename(set_dir) == "iter-%012d" % 3
     assert os.path.exists(os.path.join(set_dir, "shard-%d.gflow" % R)) and os.path.exists(os.path.join(set_dir, "optim-%d.pt" % R))
     saved = [p.detach().clone() for p in params]
-    state_then = {k: v.clone() for w in zero._shard_views() for k, v in zero.inner.state[w].items()}
+    state_then = [{k: v.clone() for k, v in zero.inner.state[w].items()} for w in zero._shard_views()]
     bytes_then = zero.state_bytes()
     for it in range(3, 5):
         zero.zero_grad()
@@ -513,8 +513,11 @@ def test_sharded_checkpoint_with_adam_state_resumes_bitwise():
     assert zero2.param_groups[0]["lr"] == 0.01  # the groups' settings come back too
     assert zero2.state_bytes() == bytes_then
     assert sorted(zero2.inner.state[zero2._shard_views()[0]].keys()) == ["exp_avg", "exp_avg_sq", "step"]
-    assert float(zero2.inner.state[zero2._shard_views()[0]]["step"]) == 3.0
-    del state_then
+    loaded = [zero2.inner.state[w] for w in zero2._shard_views()]
+    assert len(loaded) == len(state_then)
+    for got, want in zip(loaded, state_then):  # view by view, bit for bit
+        assert sorted(got.keys()) == sorted(want.keys())
+        assert all(got[k].numpy().tobytes() == want[k].numpy().tobytes() for k in want)
     for it in range(3, 5):
         zero2.zero_grad()
         backward(params2, it)
@@ -522,6 +525,29 @@ def test_sharded_checkpoint_with_adam_state_resumes_bitwise():
     assert [p.detach().numpy().tobytes() for p in params2] == went_on
     zero2.close()
     gt.broadcast_object(None)  # every rank has read the set before rank 0 removes it
+    if R == 0:
+        shutil.rmtree(root)
+
+
+def test_sharded_checkpoint_of_sgd_without_momentum():
+    """torch keeps momentum_buffer = None without momentum (1.13): no state to pack, nothing refused."""
+    import shutil
+    import tempfile
+    root = gt.broadcast_object(tempfile.mkdtemp(prefix="gflow_pyckpt_sgd_") if R == 0 else None)
+    params = _model_params(7)
+    zero = gt.ShardedOptimizer(torch.optim.SGD, [("p%d" % i, p) for i, p in enumerate(params)], lr=0.5)
+    zero.zero_grad()
+    backward(params, 0)
+    zero.step()
+    zero.save_checkpoint(root)
+    gt.broadcast_object(None)
+    assert zero.load_checkpoint(root) == 1
+    zero.zero_grad()
+    backward(params, 1)
+    zero.step()
+    gt.verify_replicas([p.detach() for p in params])
+    zero.close()
+    gt.broadcast_object(None)
     if R == 0:
         shutil.rmtree(root)
 
@@ -546,18 +572,39 @@ def test_sharded_checkpoint_refuses_uneven_view_state_and_incomplete_sets():
     zero.inner.state[views[1]]["step"] = keep
     path = zero.save_checkpoint(root)
     gt.broadcast_object(None)  # every rank's files are written before any rank loads
-    side = os.path.join(os.path.dirname(path), "optim-%d.pt" % R)
-    meta = torch.load(side)
-    torch.save(dict(meta, keys=meta["keys"][:1]), side)  # names one array of the two saved
+    zero.zero_grad()
+    backward(params, 1)
+    zero.step()  # iteration 2, step 2: a load of the set (iteration 1) would show
+    side = os.path.join(os.path.dirname(path), "optim-0.pt")  # what every rank loads the settings from
+    steps = zero.inner.state[views[0]]["step"].clone()
+    held = zero.state_bytes()
+
+    def unchanged():  # a refused load loads nothing: the optimizer's state and the exchanger's iteration stay
+        assert zero.state_bytes() == held and torch.equal(zero.inner.state[zero._shard_views()[0]]["step"], steps)
+        assert zero._exchanger.iteration == 2 and float(steps) == 2.0
+    if R == 0:
+        meta = torch.load(side, weights_only=False)
+        torch.save(dict(meta, keys=meta["keys"][:1]), side)  # names one array of the two saved
+    gt.broadcast_object(None)
     with pytest.raises(errors.MismatchError) as e:
         zero.load_checkpoint(root)
     assert e.value.subject == "root" and "names 1 state arrays; the shard files hold 2" in str(e.value)
+    unchanged()
     gt.broadcast_object(None)
-    os.remove(side)  # every rank its own, rank 0's (the fallback) too
+    if R == 0:
+        os.remove(side)
     gt.broadcast_object(None)
     with pytest.raises(errors.InvalidArgument) as e:
         zero.load_checkpoint(root)
-    assert e.value.subject == "root" and "has no optim-<r>.pt" in str(e.value)
+    assert e.value.subject == "root" and "has no optim-0.pt" in str(e.value)
+    unchanged()
+    gt.broadcast_object(None)
+    os.remove(os.path.join(os.path.dirname(path), "shard-%d.gflow" % R))  # every rank its own: gflow's H9 inside
+    gt.broadcast_object(None)
+    with pytest.raises(errors.InvalidArgument) as e:
+        zero.load_checkpoint(root)
+    assert e.value.subject == "root" and "has no shard state file" in str(e.value)
+    unchanged()
     zero.close()
     gt.broadcast_object(None)
     if R == 0:

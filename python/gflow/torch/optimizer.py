@@ -87,11 +87,12 @@ class _DistributedOptimizer:
             self._views.append(v)
 
     def _rebind_if_moved(self):
-        if self._exchanger.generation != self._generation:
+        moved = self._exchanger.generation != self._generation
+        if moved:
             self._bind(moved=True)  # learn_order / load_state moved the views; the exchanger moved the values
-            relay = getattr(self, "_relay_shard", None)
-            if relay is not None:
-                relay()  # ShardedOptimizer: its weights and shard views follow the new layout
+        relay = getattr(self, "_relay_shard", None)
+        if relay is not None and (moved or self._shard_moved()):
+            relay()  # ShardedOptimizer: its weights and shard views follow the new layout or shard
 
     def _make_hook(self, i):
         def hook(*unused):
@@ -163,12 +164,16 @@ class _DistributedOptimizer:
             step = super(self.__class__, self).step
 
             def after_each(status):
+                self._rebind_if_moved()  # a join before the first finish(): learn_order may have laid the pool out
                 if status.finite():  # the training ranks skip a non-finite step too
                     step()
                 else:
                     self.skipped += 1
-            return self._exchanger.join(step=after_each)
+            status = self._exchanger.join(step=after_each)
+            self._rebind_if_moved()
+            return status
         status = self._exchanger.join()
+        self._rebind_if_moved()
         broadcast_parameters(self._gparams, status.last_rank)
         broadcast_optimizer_state(self, status.last_rank)
         return status
@@ -194,7 +199,7 @@ class _DistributedOptimizer:
         held = getattr(self, "_shard_state_held", None)
         backup = self._exchanger.save_state() if held is not None and held() else None
         self._exchanger.load_state(bytes(data))
-        if backup is not None and self._exchanger.generation != self._generation:
+        if backup is not None and (self._exchanger.generation != self._generation or self._shard_moved()):
             self._exchanger.load_state(backup)  # back to the order the optimizer's state is of
             self._bind(moved=True)
             self._regrad_shard()
@@ -255,6 +260,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, composition="dense", 
     return opt
 
 
+def _same(a, b):
+    """Equal state values: tensors element by element (and shape), anything else by ==."""
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and torch.equal(a, b)
+    return a == b
+
+
 class _ShardedStep(torch.optim.Optimizer):
     """What ShardedOptimizer wraps in a DistributedOptimizer. Until _shard() it is an optimizer over the
     model's parameters (DistributedOptimizer checks them against named_parameters); _shard() then lays
@@ -294,6 +306,7 @@ class _ShardedStep(torch.optim.Optimizer):
             weights.narrow(0, off, n).copy_(p.detach().reshape(-1))
             p.data = weights.narrow(0, off, n).view(p.shape)
         self._weights = weights
+        self._shard_ranges = [tuple(r) for r in ex.shard()]
         shard_views = []
         for first, end in ex.shard():
             if end > first:
@@ -303,7 +316,14 @@ class _ShardedStep(torch.optim.Optimizer):
         return shard_views
 
     def _shard_state_held(self):
-        return any(len(st) for st in self.inner.state.values())
+        """Whether the optimizer holds state (None entries, e.g. SGD's momentum_buffer without
+        momentum on torch 1.13, are none)."""
+        return any(v is not None for st in self.inner.state.values() for v in st.values())
+
+    def _shard_moved(self):
+        """Whether the exchanger's shard is no longer the one the views were cut from (buckets
+        re-planned by a load_state, say), which the pool's generation does not count."""
+        return [tuple(r) for r in self._exchanger.shard()] != self._shard_ranges
 
     def _regrad_shard(self):
         """Each shard view's .grad the pool's slice again (the pool tensor was re-bound, same layout)."""
@@ -317,12 +337,11 @@ class _ShardedStep(torch.optim.Optimizer):
         laid the pool out anew: the weights and the shard views follow. The optimizer has no state yet
         (load_state refuses a new order once it has: the state is per element of the old shard)."""
         assert not self._shard_state_held(), "a pool move with optimizer state (load_state checks this first)"
-        views = self._lay_out()
         groups = self.inner.param_groups
         if len(groups) != 1:
             raise errors.make(errors.UsageError, "param_groups", "the sharded optimizer has %d parameter groups; it builds one." % len(groups),
                               "leave param_groups as ShardedOptimizer built them (one group over the shard).")
-        groups[0]["params"] = views  # the group's settings (lr as a scheduler set it) stay
+        groups[0]["params"] = self._lay_out()  # the group's settings (lr as a scheduler set it) stay
         self.inner.state.clear()
 
     @torch.no_grad()
@@ -343,23 +362,20 @@ class _ShardedStep(torch.optim.Optimizer):
         Returns the rank file's path."""
         import os
         views = self._shard_views()
+        state = [{k: v for k, v in self.inner.state.get(w, {}).items() if v is not None} for w in views]  # None: no state (SGD without momentum)
         keys, scalars = [], {}
-        if views and views[0] in self.inner.state:
-            for k, v in self.inner.state[views[0]].items():
-                if torch.is_tensor(v) and v.shape == views[0].shape and v.dtype == torch.float32:
-                    keys.append(k)
-                else:
-                    scalars[k] = v
-        for w in views:
-            st = self.inner.state.get(w, {})
-            if sorted(st.keys()) != sorted(keys + list(scalars.keys())) or any(not torch.equal(torch.as_tensor(st[k]), torch.as_tensor(v))
-                                                                               for k, v in scalars.items()):
+        for k, v in (state[0].items() if views else ()):
+            if torch.is_tensor(v) and v.shape == views[0].shape and v.dtype == torch.float32:
+                keys.append(k)
+            else:
+                scalars[k] = v
+        for st in state:
+            if sorted(st.keys()) != sorted(keys + list(scalars.keys())) or not all(_same(st[k], v) for k, v in scalars.items()):
                 raise errors.make(errors.UsageError, "state",
                                   "the shard's views hold different state (keys, or per-parameter values such as a step count); "
                                   "a checkpoint packs one array per key over the whole shard.",
                                   "step every view together (ShardedOptimizer.step() does), then save.")
-        arrays = [torch.cat([self.inner.state[w][k].reshape(-1) for w in views]).numpy() if views else np.zeros(0, np.float32)
-                  for k in keys]
+        arrays = [torch.cat([st[k].reshape(-1) for st in state]).numpy() for k in keys]
         ex = self._exchanger
         set_dir = os.path.join(str(root), "iter-%012d" % ex.iteration)
         os.makedirs(set_dir, exist_ok=True)
@@ -373,38 +389,32 @@ class _ShardedStep(torch.optim.Optimizer):
         """Loads the newest complete set under root that save_checkpoint wrote, on this job's number of
         ranks or another (the exchanger's state and the shard state re-shard as gflow::load_checkpoint
         does): the optimizer's per-element state over this rank's new shard, its other state and the
-        groups' settings. Returns the iteration it resumes at. Load the model's parameters as usual."""
+        groups' settings (rank 0's optim-0.pt: rank 0's shard is never empty). Returns the iteration
+        it resumes at. On an error nothing is loaded: the exchanger and the optimizer keep their
+        state. Load the model's parameters as usual."""
         import os
+        ex = self._exchanger
+        backup = ex.save_state()
         held = dict(self.inner.state)
-        self.inner.state.clear()  # replaced below; a pool move (another learned order) may re-lay the shard
+        self.inner.state.clear()
         try:
-            it, arrays = self._exchanger.load_checkpoint(str(root), True)
-        except Exception:
-            if self._exchanger.generation == self._generation:
-                self.inner.state.update(held)  # nothing was applied to the pool: the state stays
-            else:
-                self._rebind_if_moved()
-            raise
-        moved = self._exchanger.generation != self._generation
-        self._rebind_if_moved()
-        side = os.path.join(str(root), "iter-%012d" % it, "optim-%d.pt" % _gflow.rank())
-        if not os.path.exists(side):
-            side = os.path.join(str(root), "iter-%012d" % it, "optim-0.pt")  # a rank the saving job did not have
-        problem = None
-        if not os.path.exists(side):
-            problem = errors.make(errors.InvalidArgument, "root",
-                                  "the checkpoint set '%s' has no optim-<r>.pt; the exchanger's state was loaded, the optimizer's was not." %
-                                  os.path.dirname(side), "load a set that ShardedOptimizer.save_checkpoint wrote.")
-        else:
-            meta = torch.load(side)
+            it, arrays = ex.load_checkpoint(str(root), True)
+            side = os.path.join(str(root), "iter-%012d" % it, "optim-0.pt")
+            if not os.path.exists(side):
+                raise errors.make(errors.InvalidArgument, "root", "the checkpoint set '%s' has no optim-0.pt; nothing was loaded." % os.path.dirname(side),
+                                  "load a set that ShardedOptimizer.save_checkpoint wrote.")
+            meta = torch.load(side, weights_only=False)  # gflow's own file in the trainer's checkpoint set (torch 1.13's weights-only reader refuses floats)
             if len(meta["keys"]) != len(arrays):
-                problem = errors.make(errors.MismatchError, "root",
-                                      "optim-<r>.pt names %d state arrays; the shard files hold %d; the exchanger's state was loaded, the "
-                                      "optimizer's was not." % (len(meta["keys"]), len(arrays)), "load a set whose files all come from one save.")
-        if problem is not None:
-            if not moved:
-                self.inner.state.update(held)  # the shard is where it was: the optimizer keeps its state
-            raise problem
+                raise errors.make(errors.MismatchError, "root",
+                                  "optim-0.pt names %d state arrays; the shard files hold %d; nothing was loaded." % (len(meta["keys"]), len(arrays)),
+                                  "load a set whose files all come from one save.")
+        except Exception:
+            ex.load_state(backup)  # the order and shard the views were cut from
+            self._bind(moved=True)
+            self._regrad_shard()
+            self.inner.state.update(held)
+            raise
+        self._rebind_if_moved()
         for g, saved in zip(self.inner.param_groups, meta["groups"]):
             g.update(saved)
         at = 0

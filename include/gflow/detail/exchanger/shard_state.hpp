@@ -200,14 +200,18 @@ inline std::vector<const shard_image*> order_shard_set(const std::vector<shard_i
       bad(fmt::format("the set holds {} shard state files of a job of {} ranks; rank {}'s is missing.", imgs.size(), P, r),
           "pass the shard file of every rank: each holds the optimizer state of its own shard.");
   std::vector<plan::pool_range> covered;
+  const shard_image* counted = nullptr;  // the first file that holds a range: its array count is the set's
+  for (std::uint32_t r = 0; r < P; ++r)
+    if (!counted && !by_rank[r]->ranges.empty()) counted = by_rank[r];
   for (std::uint32_t r = 0; r < P; ++r) {
     const shard_image& x = *by_rank[r];
     const shard_image& z = *by_rank[0];
     if (x.iteration != z.iteration)
       throw mismatch_error("iteration", fmt::format("rank 0's shard state is of iteration {}, rank {}'s of iteration {}: the set mixes generations.", z.iteration, r, x.iteration),
                            "pass shard files saved at the same iteration by every rank.");
-    if (x.order_fp != z.order_fp || x.arrays.size() != z.arrays.size())
-      throw mismatch_error("shard_states", fmt::format("rank {}'s shard state has another pool order or array count ({}) than rank 0's ({}).", r, x.arrays.size(), z.arrays.size()),
+    if (x.order_fp != z.order_fp || (!x.ranges.empty() && x.arrays.size() != counted->arrays.size()))  // an empty shard may hold no arrays
+      throw mismatch_error("shard_states", fmt::format("rank {}'s shard state has another pool order or array count ({}) than rank {}'s ({}).", r, x.arrays.size(),
+                                                       counted->id.rank, counted->arrays.size()),
                            "pass shard files saved by one job at one iteration, unmodified.");
     covered = plan::unite_ranges(covered, x.ranges);
   }
@@ -255,7 +259,14 @@ inline void write_resharded_shards(const std::vector<const shard_image*>& set, s
     ranges.push_back(p.r);
     n += p.r.size();
   }
-  std::vector<std::vector<float>> arrays(set[0]->arrays.size(), std::vector<float>(n));
+  std::size_t count = 0;  // the set's array count: a file that holds a range has it (an empty shard may hold none)
+  for (const shard_image* s : set)
+    if (!s->ranges.empty()) {
+      count = s->arrays.size();
+      break;
+    }
+  if (P == new_size) count = set[new_rank]->arrays.size();  // the file as it was
+  std::vector<std::vector<float>> arrays(count, std::vector<float>(n));
   for (std::size_t a = 0; a < arrays.size(); ++a) {
     std::size_t at = 0;
     for (const piece& p : pieces) {
