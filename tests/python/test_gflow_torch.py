@@ -579,32 +579,25 @@ def test_sharded_checkpoint_refuses_uneven_view_state_and_incomplete_sets():
     steps = zero.inner.state[views[0]]["step"].clone()
     held = zero.state_bytes()
 
-    def unchanged():  # a refused load loads nothing: the optimizer's state and the exchanger's iteration stay
+    def refused(cls, says):
+        """After every rank changed the set: the load raises cls('root') saying `says`, and loads
+        nothing (the optimizer's state and the exchanger's iteration stay)."""
+        gt.broadcast_object(None)
+        with pytest.raises(cls) as e:
+            zero.load_checkpoint(root)
+        assert e.value.subject == "root" and says in str(e.value)
         assert zero.state_bytes() == held and torch.equal(zero.inner.state[zero._shard_views()[0]]["step"], steps)
         assert zero._exchanger.iteration == 2 and float(steps) == 2.0
+        gt.broadcast_object(None)
     if R == 0:
         meta = torch.load(side, weights_only=False)
         torch.save(dict(meta, keys=meta["keys"][:1]), side)  # names one array of the two saved
-    gt.broadcast_object(None)
-    with pytest.raises(errors.MismatchError) as e:
-        zero.load_checkpoint(root)
-    assert e.value.subject == "root" and "names 1 state arrays; the shard files hold 2" in str(e.value)
-    unchanged()
-    gt.broadcast_object(None)
+    refused(errors.MismatchError, "names 1 state arrays; the shard files hold 2")
     if R == 0:
         os.remove(side)
-    gt.broadcast_object(None)
-    with pytest.raises(errors.InvalidArgument) as e:
-        zero.load_checkpoint(root)
-    assert e.value.subject == "root" and "has no optim-0.pt" in str(e.value)
-    unchanged()
-    gt.broadcast_object(None)
+    refused(errors.InvalidArgument, "has no optim-0.pt")
     os.remove(os.path.join(os.path.dirname(path), "shard-%d.gflow" % R))  # every rank its own: gflow's H9 inside
-    gt.broadcast_object(None)
-    with pytest.raises(errors.InvalidArgument) as e:
-        zero.load_checkpoint(root)
-    assert e.value.subject == "root" and "has no shard state file" in str(e.value)
-    unchanged()
+    refused(errors.InvalidArgument, "has no shard state file")
     zero.close()
     gt.broadcast_object(None)
     if R == 0:

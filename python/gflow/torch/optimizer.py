@@ -200,9 +200,7 @@ class _DistributedOptimizer:
         backup = self._exchanger.save_state() if held is not None and held() else None
         self._exchanger.load_state(bytes(data))
         if backup is not None and (self._exchanger.generation != self._generation or self._shard_moved()):
-            self._exchanger.load_state(backup)  # back to the order the optimizer's state is of
-            self._bind(moved=True)
-            self._regrad_shard()
+            self._put_back(backup)  # back to the order the optimizer's state is of
             raise errors.make(errors.UsageError, "load_state",
                               "the state was saved over another pool order (learn_order) than this sharded optimizer's, whose "
                               "optimizer state is per element of its shard in this order; nothing was loaded.",
@@ -258,6 +256,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, composition="dense", 
     opt.__dict__.update(optimizer.__dict__)
     opt._gflow_init(named_parameters, composition, find_unused, learn_order, uneven_inputs, sparsifier_momentum, warmup, threshold_bytes)
     return opt
+
+
+def _set_dir(root, iteration):
+    """gflow::checkpoint_set_dir: the set saved after `iteration` iterations under root."""
+    import os
+    return os.path.join(str(root), "iter-%012d" % iteration)
 
 
 def _same(a, b):
@@ -325,11 +329,13 @@ class _ShardedStep(torch.optim.Optimizer):
         re-planned by a load_state, say), which the pool's generation does not count."""
         return [tuple(r) for r in self._exchanger.shard()] != self._shard_ranges
 
-    def _regrad_shard(self):
-        """Each shard view's .grad the pool's slice again (the pool tensor was re-bound, same layout)."""
-        views = [w for w in self.inner.param_groups[0]["params"]]
+    def _put_back(self, backup):
+        """The exchanger's state `backup` (saved before a load) again: the pool order and shard the
+        views were cut from. The pool tensor is re-bound, and each shard view's .grad with it."""
+        self._exchanger.load_state(backup)
+        self._bind(moved=True)
         ranges = [(f, e) for f, e in self._exchanger.shard() if e > f]
-        for w, (f, e) in zip(views, ranges):
+        for w, (f, e) in zip(self._shard_views(), ranges):
             w.grad = self._pool.narrow(0, f, e - f)
 
     def _relay_shard(self):
@@ -377,7 +383,7 @@ class _ShardedStep(torch.optim.Optimizer):
                                   "step every view together (ShardedOptimizer.step() does), then save.")
         arrays = [torch.cat([st[k].reshape(-1) for st in state]).numpy() for k in keys]
         ex = self._exchanger
-        set_dir = os.path.join(str(root), "iter-%012d" % ex.iteration)
+        set_dir = _set_dir(root, ex.iteration)
         os.makedirs(set_dir, exist_ok=True)
         side = os.path.join(set_dir, "optim-%d.pt" % _gflow.rank())
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.inner.param_groups]
@@ -399,7 +405,7 @@ class _ShardedStep(torch.optim.Optimizer):
         self.inner.state.clear()
         try:
             it, arrays = ex.load_checkpoint(str(root), True)
-            side = os.path.join(str(root), "iter-%012d" % it, "optim-0.pt")
+            side = os.path.join(_set_dir(root, it), "optim-0.pt")
             if not os.path.exists(side):
                 raise errors.make(errors.InvalidArgument, "root", "the checkpoint set '%s' has no optim-0.pt; nothing was loaded." % os.path.dirname(side),
                                   "load a set that ShardedOptimizer.save_checkpoint wrote.")
@@ -409,9 +415,7 @@ class _ShardedStep(torch.optim.Optimizer):
                                   "optim-0.pt names %d state arrays; the shard files hold %d; nothing was loaded." % (len(meta["keys"]), len(arrays)),
                                   "load a set whose files all come from one save.")
         except Exception:
-            ex.load_state(backup)  # the order and shard the views were cut from
-            self._bind(moved=True)
-            self._regrad_shard()
+            self._put_back(backup)
             self.inner.state.update(held)
             raise
         self._rebind_if_moved()

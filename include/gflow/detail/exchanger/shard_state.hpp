@@ -176,6 +176,14 @@ inline shard_image read_shard_image(std::istream& in) {
   return img;
 }
 
+/// The first file (in rank order) whose shard holds a range: its array count is the set's (a rank
+/// whose shard was empty may hold no arrays). nullptr when no file holds one (an empty pool).
+inline const shard_image* first_with_ranges(const std::vector<const shard_image*>& by_rank) {
+  for (const shard_image* s : by_rank)
+    if (!s->ranges.empty()) return s;
+  return nullptr;
+}
+
 /// Validates a set of shard files (one per old rank, any order: of one job and one save, covering
 /// the pool) and returns it ordered by rank.
 inline std::vector<const shard_image*> order_shard_set(const std::vector<shard_image>& imgs) {
@@ -200,9 +208,7 @@ inline std::vector<const shard_image*> order_shard_set(const std::vector<shard_i
       bad(fmt::format("the set holds {} shard state files of a job of {} ranks; rank {}'s is missing.", imgs.size(), P, r),
           "pass the shard file of every rank: each holds the optimizer state of its own shard.");
   std::vector<plan::pool_range> covered;
-  const shard_image* counted = nullptr;  // the first file that holds a range: its array count is the set's
-  for (std::uint32_t r = 0; r < P; ++r)
-    if (!counted && !by_rank[r]->ranges.empty()) counted = by_rank[r];
+  const shard_image* counted = first_with_ranges(by_rank);
   for (std::uint32_t r = 0; r < P; ++r) {
     const shard_image& x = *by_rank[r];
     const shard_image& z = *by_rank[0];
@@ -259,13 +265,8 @@ inline void write_resharded_shards(const std::vector<const shard_image*>& set, s
     ranges.push_back(p.r);
     n += p.r.size();
   }
-  std::size_t count = 0;  // the set's array count: a file that holds a range has it (an empty shard may hold none)
-  for (const shard_image* s : set)
-    if (!s->ranges.empty()) {
-      count = s->arrays.size();
-      break;
-    }
-  if (P == new_size) count = set[new_rank]->arrays.size();  // the file as it was
+  const shard_image* counted = P == new_size ? set[new_rank] : first_with_ranges(set);  // P' = P: the file as it was
+  const std::size_t count = counted ? counted->arrays.size() : 0;
   std::vector<std::vector<float>> arrays(count, std::vector<float>(n));
   for (std::size_t a = 0; a < arrays.size(); ++a) {
     std::size_t at = 0;
