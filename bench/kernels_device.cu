@@ -156,8 +156,8 @@ int main(int argc, char** argv) {
   time("scale_in_place (counts)", 2 * f4 * n, [&] { gflow::detail::cuda::scale_in_place(c, n, 1.0f, counter, s); });
   time("count_nonfinite", f4 * n, [&] { gflow::detail::cuda::count_nonfinite(a, n, counter, s); });
   time("chunk_l1_norms (tree order)", f4 * n, [&] { gflow::detail::cuda::chunk_l1_norms(a, n, C, list, chunks, norms, 1.0f, s); });
-  time("defer_chunks_exact (host-order norms)", 4 * f4 * n, [&] { gflow::detail::cuda::defer_chunks_exact(c, b, n, C, list, chunks, 1.0f, norms, s); });
-  time("scatter_chunks_counted (host-order norms)", 2 * f4 * n, [&] { gflow::detail::cuda::scatter_chunks_counted(a, c, n, C, list, chunks, true, 0.5f, norms, 1.0f, counter, s); });
+  time("defer_chunks_exact (fused norms)", 4 * f4 * n, [&] { gflow::detail::cuda::defer_chunks_exact(c, b, n, C, list, chunks, 1.0f, norms, s); });
+  time("scatter_chunks_counted (fused norms)", 2 * f4 * n, [&] { gflow::detail::cuda::scatter_chunks_counted(a, c, n, C, list, chunks, true, 0.5f, norms, 1.0f, counter, s); });
   time("residual: accumulate_into_residual", 3 * f4 * n, [&] { gflow::detail::cuda::accumulate_into_residual(a, b, n, s); });
   time("compact_chunks 10% (fp32)", 3 * f4 * double(sel * C) + f4 * double(sel * C), [&] { gflow::detail::cuda::compact_chunks(a, b, n, C, list, sel, c, s); });
   time("compact_chunks_to_wire 10% (fp16)", (3 * f4 + f2) * double(sel * C), [&] { gflow::detail::cuda::compact_chunks_to_wire(a, b, n, C, list, sel, w16, 0.25f, 4.0f, s); });

@@ -1,5 +1,5 @@
 // The device kernels the engines run on device memory (issue 12), against the host kernels, bit
-// for bit: CSC's fused kernels with the host's norm order (cuda/sparse_chunks.cuh), and the Top-k
+// for bit: CSC's fused kernels with the shared norm order (cuda/sparse_chunks.cuh), and the Top-k
 // engine kernels (cuda/topk_engine.cuh), including the message checker on every kind of corrupt
 // message (its verdict must be the host's kernels::unpack_checked, field for field). Floats are
 // compared bit for bit except NaN payloads (CUDA returns the canonical NaN; see same_floats).
@@ -91,7 +91,7 @@ void fused_chunks_case(std::size_t n, std::size_t C) {
   EXPECT_MSG(same_floats(hist.get(), hh), what + ": history after compaction and deferral");
   EXPECT_MSG(same_floats(pool.get(), pool_h), what + ": pool after deferral and scatter_chunks_from_wire");
   EXPECT_MSG(same_floats(pool2.get(), pool2_h), what + ": pool after scatter_chunks_counted");
-  EXPECT_MSG(same_floats(norms.get(), norms_h), what + ": chunk norms (host order)");
+  EXPECT_MSG(same_floats(norms.get(), norms_h), what + ": chunk norms (the shared order)");
   EXPECT_MSG(bad_d == bad_h, what + ": scatter_chunks_from_wire inf/NaN count");
   EXPECT_MSG(counter.get()[0] == bad2_h, what + ": scatter_chunks_counted inf/NaN count");
 }

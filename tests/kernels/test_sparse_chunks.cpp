@@ -66,12 +66,19 @@ TEST_CASE("CSC kernels: Algorithm 1 for kept-back chunks (g += hg; hg = m g; poo
 }
 
 namespace {
-// The documented norm order: 8 partial sums in double, lane j mod 8 of the chunk, combined
-// ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), rounded to float once.
+// The documented norm order (the CUDA kernels' block order): 256 partial sums in double, lane
+// j mod 256 of the chunk in increasing j, folded pairwise (lane l += lane l + h for h = 128, ..., 1),
+// rounded to float once. Written as a recursion over the fold, independently of the kernels' loops.
+double fold(const std::vector<double>& s, std::size_t l, std::size_t width) {
+  // Lane l's value once the lanes are folded down to `width`: lane l plus lane l + width as they
+  // were at twice the width; at 256, the lane's own sum.
+  if (width == 256) return s[l];
+  return fold(s, l, 2 * width) + fold(s, l + width, 2 * width);
+}
 float l1_documented(const float* v, std::size_t m) {
-  double s[8] = {};
-  for (std::size_t j = 0; j < m; ++j) s[j % 8] += std::fabs(double(v[j]));
-  return float(((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
+  std::vector<double> s(256, 0.0);
+  for (std::size_t j = 0; j < m; ++j) s[j % 256] += std::fabs(double(v[j]));
+  return float(fold(s, 0, 1));
 }
 
 std::vector<float> random_values(std::mt19937_64& rng, std::size_t n, bool specials) {
@@ -91,9 +98,9 @@ std::vector<float> random_values(std::mt19937_64& rng, std::size_t n, bool speci
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
 }  // namespace
 
-TEST_CASE("CSC kernels: norms in the documented order (8 partial sums), in every kernel that computes them") {
+TEST_CASE("CSC kernels: norms in the documented order (256 lanes, folded pairwise), in every kernel that computes them") {
   std::mt19937_64 rng(3);
-  for (std::size_t C : {1u, 5u, 8u, 13u, 64u, 1000u, 4099u}) {
+  for (std::size_t C : {1u, 5u, 8u, 13u, 64u, 255u, 256u, 1000u, 4099u, 9000u}) {
     const std::size_t n = 3 * C + C / 2 + 1, chunks = (n + C - 1) / C;
     CAPTURE(C);
     const auto pool = random_values(rng, n, false), hist = random_values(rng, n, false);

@@ -12,7 +12,7 @@
 //     copy(dst, src, n)              device to device, on the stream
 //     take_nonfinite()               the count since the last call (synchronises the stream)
 //   chunked sparse kernels (CSC), the twins of host_backend's, bitwise identical to them
-//   (cuda/sparse_chunks.cuh: the fused kernels compute the norms in the host's order):
+//   (cuda/sparse_chunks.cuh: the norms in the one order host and device share):
 //     compact_chunks, compact_chunks_to_wire, defer_chunks, scatter_chunks_counted,
 //     scatter_chunks_from_wire, count_nonfinite_at, select_top_chunks (device chunk lists)
 //   top-k kernels (TopK / GTopK), the twins of host_backend's (cuda/topk.cuh, cuda/topk_engine.cuh);

@@ -23,27 +23,21 @@
 // compact_chunks, norms may be null where marked optional. Every call only enqueues work on
 // `stream` and throws gflow::transport_error if the launch fails.
 //
-// Results: the element-wise parts (compaction, scatter, pool + hist, m * g) are bit-identical to
-// the host kernels (explicit __fadd_rn / __fmul_rn: no contraction into FMA whatever the flags).
-// The L1 norms are summed in double in another order than the host's 8 interleaved partial
-// sums, so they may differ from it in the last float bit; a GPU run selects from GPU norms on
-// every rank, so ranks still agree. The selection is exact: a stable radix sort (CUB) on the same keys as
-// kernels::chunk_key (NaN highest), so equal norms go to the lower index as on the host.
-//
-// The fused kernels the exchanger's CSC engine runs on device memory (device_backend) compute the
-// norms in the host's order instead: eight lanes, lane l adding |x_j| (j = l mod 8 from the
-// chunk's start, increasing j) in double with round-to-nearest, combined as
-// ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)) and rounded to float once, so that a device
-// exchange selects exactly the chunks the host one does. The block stages each 2048-element tile
-// of the chunk in shared memory while it updates it (one pass over the chunk), and eight of its
-// threads run the lanes from there, one sequential chain each: the price of bitwise equality is
-// the chains' latency, hidden by the other resident blocks.
+// Results: bit-identical to the host kernels. The element-wise parts (compaction, scatter,
+// pool + hist, m * g) use explicit __fadd_rn / __fmul_rn (no contraction into FMA whatever the
+// flags). The L1 norms follow the one order that host and device share (kernels/sparse_chunks.hpp):
+// the block's 256 threads are the 256 lanes, thread t adding |x_j| in double for the chunk's
+// elements j = t, t + 256, ... in increasing j (the coalesced grid-stride loop every kernel here
+// runs anyway), then the lanes fold pairwise (lane l += lane l + h, h = 128, ..., 1: shared memory
+// down to 32 lanes, warp shuffles after) and lane 0's total is rounded to float once. So a device
+// exchange selects exactly the chunks the host one does, at the cost of one pass over each chunk.
+// The selection is exact: a stable radix sort (CUB) on the same keys as kernels::chunk_key (NaN
+// highest), so equal norms go to the lower index as on the host.
 //
 // Shape: one block of 256 threads per listed chunk (grid-stride over the list), threads stride
-// over the chunk's elements, one cub::BlockReduce per chunk for the norm.
+// over the chunk's elements, one fold per chunk for the norm.
 #include <cuda_runtime.h>
 
-#include <cub/block/block_reduce.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
@@ -74,10 +68,26 @@ __device__ __forceinline__ std::size_t chunk_end(std::size_t c, std::size_t n, s
   return e < n ? e : n;
 }
 
-using block_reduce = cub::BlockReduce<double, block_threads>;
-
-// Sum of per-thread values over the block; the result is valid in thread 0.
-__device__ __forceinline__ double block_sum(double v, typename block_reduce::TempStorage& tmp) { return block_reduce(tmp).Sum(v); }
+// The norm's fold over the block's lanes (kernels/sparse_chunks.hpp's l1_total): lane l += lane
+// l + h for l < h, h = 128, 64, 32 in shared memory, then 16, ..., 1 by shuffles within warp 0 (the
+// same additions: lane l reads lane l + h as it was after the previous fold). The total is valid
+// in thread 0. `lanes` is the block's shared array of 256; every thread must call.
+__device__ __forceinline__ double fold_lanes(double v, double* lanes) {
+  static_assert(block_threads == 256, "the norm's order has 256 lanes (kernels/sparse_chunks.hpp)");
+  lanes[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned h = block_threads / 2; h >= 32; h /= 2) {
+    if (threadIdx.x < h) lanes[threadIdx.x] = __dadd_rn(lanes[threadIdx.x], lanes[threadIdx.x + h]);
+    __syncthreads();
+  }
+  double t = 0.0;
+  if (threadIdx.x < 32) {
+    t = lanes[threadIdx.x];
+    for (unsigned h = 16; h >= 1; h /= 2) t = __dadd_rn(t, __shfl_down_sync(0xffffffffu, t, h));
+  }
+  __syncthreads();  // lanes may be reused by the next chunk
+  return t;
+}
 
 enum class mode { norms, compact, scatter, defer };
 
@@ -85,7 +95,7 @@ template <mode M>
 __global__ void __launch_bounds__(block_threads)
 chunk_kernel(float* pool, float* hist, const float* in, float* out, std::size_t n, std::size_t C, const std::uint32_t* list,
              std::size_t count, float momentum, float* norms, float scale) {
-  __shared__ typename block_reduce::TempStorage tmp;
+  __shared__ double lanes[block_threads];
   for (std::size_t j = blockIdx.x; j < count; j += gridDim.x) {
     const std::size_t c = list[j];
     const std::size_t b = c * C, e = chunk_end(c, n, C);
@@ -93,7 +103,7 @@ chunk_kernel(float* pool, float* hist, const float* in, float* out, std::size_t 
     double s = 0;
     for (std::size_t i = b + threadIdx.x; i < e; i += block_threads) {
       if constexpr (M == mode::norms) {
-        s += fabs(static_cast<double>(pool[i]));
+        s = __dadd_rn(s, fabs(static_cast<double>(pool[i])));
       } else if constexpr (M == mode::compact) {
         if (hist != nullptr) {
           out[k0 + (i - b)] = __fadd_rn(pool[i], hist[i]);
@@ -104,19 +114,18 @@ chunk_kernel(float* pool, float* hist, const float* in, float* out, std::size_t 
       } else if constexpr (M == mode::scatter) {
         const float v = in[k0 + (i - b)];
         pool[i] = v;
-        s += fabs(static_cast<double>(v));
+        s = __dadd_rn(s, fabs(static_cast<double>(v)));
       } else {  // defer
         const float g = __fadd_rn(pool[i], hist[i]);
-        s += fabs(static_cast<double>(g));
+        s = __dadd_rn(s, fabs(static_cast<double>(g)));
         hist[i] = isfinite(g) ? __fmul_rn(momentum, g) : 0.0f;  // as the host: inf/NaN never enters the history
         pool[i] = 0.0f;
       }
     }
     if constexpr (M != mode::compact) {
       if (norms != nullptr) {
-        const double total = block_sum(s, tmp);
-        if (threadIdx.x == 0) norms[c] = __fmul_rn(scale, static_cast<float>(total));
-        __syncthreads();  // tmp is reused by the next chunk
+        const double total = fold_lanes(s, lanes);
+        if (threadIdx.x == 0) norms[c] = __fmul_rn(scale, __double2float_rn(total));
       }
     }
   }
@@ -199,19 +208,12 @@ enum class fused { to_wire, scatter, scatter_mul, from_wire, defer };
 
 __device__ __forceinline__ float finite_or_zero(float v) { return kernel_detail::nonfinite(v) ? 0.0f : v; }
 
-// Elements per tile of the host-order norms: the block writes a tile's values to shared memory
-// (coalesced, and fused with the element-wise update: one pass over the chunk), then threads
-// 0..7 add them to their lanes from there. A multiple of 8, so that an element's lane is its
-// position in the tile mod 8.
-inline constexpr unsigned norm_tile = 2048;
-
 template <fused M, class W>
 __global__ void __launch_bounds__(block_threads)
 fused_chunk_kernel(float* pool, float* hist, const W* win, W* wout, const float* fin, std::size_t n, std::size_t C, const std::uint32_t* list,
                    std::size_t count, float a, float u, float* norms, float norm_scale, unsigned long long* counter) {
   using ops = kernel_detail::wire_ops<W>;
-  __shared__ double lanes[8];
-  __shared__ float tile[norm_tile];
+  __shared__ double lanes[block_threads];
   unsigned long long bad = 0;
   for (std::size_t j = blockIdx.x; j < count; j += gridDim.x) {
     const std::size_t c = list[j];
@@ -226,47 +228,31 @@ fused_chunk_kernel(float* pool, float* hist, const W* win, W* wout, const float*
       }
     } else {
       // defer: g = pool + hist, hist = m g (0 where inf/NaN), pool = 0, the norm of g; the
-      // scatters: pool = the exchanged value, counted, the norm of what was written. The norm is
-      // the host's (kernels/sparse_chunks.hpp, detail::l1_add / l1_total): lane l adds |x| of the
-      // elements l, l + 8, ... from the chunk's start in double, in increasing order, and the
-      // lanes are combined as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), rounded to float once.
+      // scatters: pool = the exchanged value, counted, the norm of what was written. Thread t is
+      // the norm's lane t (see the header comment).
       const bool norm = norms != nullptr;  // the same for the whole block
       double s = 0.0;
-      for (std::size_t t0 = b; t0 < e; t0 += norm_tile) {
-        const std::size_t m = e - t0 < norm_tile ? e - t0 : norm_tile;
-        for (std::size_t q = threadIdx.x; q < m; q += block_threads) {
-          const std::size_t i = t0 + q;
-          float v;
-          if constexpr (M == fused::defer) {
-            v = __fadd_rn(pool[i], hist[i]);
-            hist[i] = finite_or_zero(__fmul_rn(a, v));
-            pool[i] = 0.0f;
-          } else {
-            if constexpr (M == fused::from_wire) v = ops::to_float(reinterpret_cast<const kernel_detail::raw_t<W>*>(win)[k0 + (i - b)]);
-            else if constexpr (M == fused::scatter_mul) v = __fmul_rn(fin[k0 + (i - b)], a);
-            else v = fin[k0 + (i - b)];
-            pool[i] = v;
-            bad += kernel_detail::nonfinite(v);
-          }
-          if (norm) tile[q] = v;
+      for (std::size_t i = b + threadIdx.x; i < e; i += block_threads) {
+        float v;
+        if constexpr (M == fused::defer) {
+          v = __fadd_rn(pool[i], hist[i]);
+          hist[i] = finite_or_zero(__fmul_rn(a, v));
+          pool[i] = 0.0f;
+        } else {
+          if constexpr (M == fused::from_wire) v = ops::to_float(reinterpret_cast<const kernel_detail::raw_t<W>*>(win)[k0 + (i - b)]);
+          else if constexpr (M == fused::scatter_mul) v = __fmul_rn(fin[k0 + (i - b)], a);
+          else v = fin[k0 + (i - b)];
+          pool[i] = v;
+          bad += kernel_detail::nonfinite(v);
         }
-        if (norm) {
-          __syncthreads();  // the tile is written
-          if (threadIdx.x < 8)
-            for (std::size_t q = threadIdx.x; q < m; q += 8) s = __dadd_rn(s, fabs(static_cast<double>(tile[q])));
-          __syncthreads();  // the tile is read before the next one overwrites it
-        }
+        s = __dadd_rn(s, fabs(static_cast<double>(v)));
       }
       if (norm) {
-        if (threadIdx.x < 8) lanes[threadIdx.x] = s;
-        __syncthreads();
+        const double t = fold_lanes(s, lanes);
         if (threadIdx.x == 0) {
-          const double t = __dadd_rn(__dadd_rn(__dadd_rn(lanes[0], lanes[1]), __dadd_rn(lanes[2], lanes[3])),
-                                     __dadd_rn(__dadd_rn(lanes[4], lanes[5]), __dadd_rn(lanes[6], lanes[7])));
           const float f = __double2float_rn(t);
           norms[c] = M == fused::defer ? f : __fmul_rn(norm_scale, f);
         }
-        __syncthreads();  // lanes is reused by the next chunk
       }
     }
   }
@@ -303,7 +289,7 @@ void compact_chunks_to_wire(const float* pool, float* hist, std::size_t n, std::
 }
 
 /// The twin of kernels::scatter_chunks_counted: pool = buf (times value_scale when multiply) over
-/// the listed chunks; norms[c] = norm_scale * L1 in the host's order (norms may be null);
+/// the listed chunks; norms[c] = norm_scale * L1 in the shared order (norms may be null);
 /// counter += the inf/NaN values written.
 inline void scatter_chunks_counted(const float* buf, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
                                    bool multiply, float value_scale, float* norms, float norm_scale, unsigned long long* counter,
@@ -327,8 +313,8 @@ void scatter_chunks_from_wire(const W* wire, float* pool, std::size_t n, std::si
                                                                nullptr, n, C, list, count, 1.0f, 1.0f, norms, norm_scale, counter, stream);
 }
 
-/// defer_chunks with the host's norm order and the host's history rule (finite_or_zero(m * g)):
-/// bitwise identical to kernels::defer_chunks.
+/// defer_chunks with the host's history rule (finite_or_zero(m * g)): bitwise identical to
+/// kernels::defer_chunks.
 inline void defer_chunks_exact(float* pool, float* hist, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
                                float momentum, float* norms, cudaStream_t stream) {
   chunk_detail::launch_fused<chunk_detail::fused::defer, float>("launch of gflow::detail::cuda::defer_chunks_exact", pool, hist, nullptr, nullptr,

@@ -32,13 +32,15 @@
 //                                                            ties to the lower index, ascending;
 //                                                            out[k, chunks): the others, ascending
 //
-// L1 norms are accumulated in double, in a fixed order that every rank shares (all ranks run
-// this code): 8 partial sums, partial k adding |x_j| for the chunk's elements j = k, k + 8,
-// k + 16, ... (j counted from the chunk's first element) in increasing j; the norm is
-// ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)), rounded to float once, then times the scale
-// in float. Eight independent sums instead of one sequential chain let the loops vectorise; the
-// CUDA twins add in yet another order (tests/cuda compare with a tolerance).
-//
+// L1 norms are accumulated in double, in one order for the host and the CUDA kernels (cuda/
+// sparse_chunks.cuh: a block of 256 threads per chunk), so that host and device exchanges select
+// the same chunks bit for bit and the device pays nothing to follow the host: 256 lanes, lane l
+// adding |x_j| for the chunk's elements j = l, l + 256, l + 512, ... (j counted from the chunk's
+// first element) in increasing j; then the lanes fold pairwise, lane l += lane l + h for l < h, h =
+// 128, 64, ..., 1; lane 0's total is rounded to float once, then times the scale in float. Every
+// rank runs the same order, so ranks agree. (The host kernels add a block of values to the lanes
+// just after writing it, while it is in L1: one pass over memory.)
+
 // The loops are written in groups of 8 with restrict-qualified pointers so that GCC and Clang
 // vectorise them (SSE2 baseline; no target flags needed); the pointers of one call must not
 // overlap. Kernels that convert to or from a 16-bit wire type go through kernels/cast.hpp (AVX2 +
@@ -71,19 +73,41 @@ inline constexpr std::size_t chunk_end(std::size_t c, std::size_t n, std::size_t
   return e < n ? e : n;
 }
 
-/// The norm's partial sums (see the header comment): lane k adds |v[j]| for j = k mod 8. v[0]
-/// must sit at a multiple of 8 from its chunk's start.
-inline void l1_add(double (&s)[8], const float* __restrict v, std::size_t m) noexcept {
+/// The norm's lanes (see the header comment).
+inline constexpr std::size_t norm_lanes = 256;
+struct l1_lanes {
+  alignas(64) double s[norm_lanes] = {};
+};
+
+/// Lane k adds |v[j]| for j = k mod 256. v[0] must sit at a multiple of 256 from its chunk's start.
+inline void l1_add(l1_lanes& acc, const float* __restrict v, std::size_t m) noexcept {
+  double* __restrict s = acc.s;
   std::size_t j = 0;
-  for (; j + 8 <= m; j += 8)
-    GFLOW_UNROLL8
-    for (std::size_t k = 0; k < 8; ++k) s[k] += std::fabs(static_cast<double>(v[j + k]));
+  for (; j + norm_lanes <= m; j += norm_lanes)
+    for (std::size_t k = 0; k < norm_lanes; ++k) s[k] += std::fabs(static_cast<double>(v[j + k]));
   for (std::size_t k = 0; j < m; ++j, ++k) s[k] += std::fabs(static_cast<double>(v[j]));
 }
 
-inline float l1_total(const double (&s)[8]) noexcept {
-  return static_cast<float>(((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
+/// The same for the values p[j] + h[j] (rounded to float first, as the element-wise kernels add).
+inline void l1_add_sum(l1_lanes& acc, const float* __restrict p, const float* __restrict h, std::size_t m) noexcept {
+  double* __restrict s = acc.s;
+  std::size_t j = 0;
+  for (; j + norm_lanes <= m; j += norm_lanes)
+    for (std::size_t k = 0; k < norm_lanes; ++k) s[k] += std::fabs(static_cast<double>(p[j + k] + h[j + k]));
+  for (std::size_t k = 0; j < m; ++j, ++k) s[k] += std::fabs(static_cast<double>(p[j] + h[j]));
 }
+
+/// The pairwise fold of the lanes, rounded to float once (consumes the lanes).
+inline float l1_total(l1_lanes& acc) noexcept {
+  double* s = acc.s;
+  for (std::size_t h = norm_lanes / 2; h >= 1; h /= 2)
+    for (std::size_t l = 0; l < h; ++l) s[l] += s[l + h];
+  return static_cast<float>(s[0]);
+}
+
+/// Blocks the fused kernels write and then add to the lanes (a multiple of 256; 16 KB of fp32,
+/// in L1 when read back).
+inline constexpr std::size_t norm_block = 4096;
 
 /// o = p + h; h = 0.
 inline void add_and_clear(const float* __restrict p, float* __restrict h, float* __restrict o, std::size_t m) noexcept {
@@ -100,10 +124,10 @@ inline void add_and_clear(const float* __restrict p, float* __restrict h, float*
   }
 }
 
-/// out = in (times vs when Mul) over one range, adding |out| to the norm's lanes (out[0] at a
-/// multiple of 8 from its chunk's start); returns how many values written are inf/NaN (m < 2^32).
+/// out = in (times vs when Mul) over one range; returns how many values written are inf/NaN
+/// (m < 2^32).
 template <bool Mul>
-std::size_t scatter_range(const float* __restrict in, float* __restrict out, std::size_t m, float vs, double (&s)[8]) noexcept {
+std::size_t scatter_range(const float* __restrict in, float* __restrict out, std::size_t m, float vs) noexcept {
   std::uint32_t bad[8] = {};
   std::size_t i = 0;
   for (; i + 8 <= m; i += 8) {
@@ -113,17 +137,27 @@ std::size_t scatter_range(const float* __restrict in, float* __restrict out, std
     GFLOW_UNROLL8
     for (std::size_t l = 0; l < 8; ++l) out[i + l] = v[l];
     GFLOW_UNROLL8
-    for (std::size_t l = 0; l < 8; ++l) s[l] += std::fabs(static_cast<double>(v[l]));
-    GFLOW_UNROLL8
     for (std::size_t l = 0; l < 8; ++l) bad[l] += nonfinite_bit(v[l]);
   }
   for (std::size_t l = 0; i < m; ++i, ++l) {
     const float v = Mul ? in[i] * vs : in[i];
     out[i] = v;
-    s[l] += std::fabs(static_cast<double>(v));
     bad[l] += nonfinite_bit(v);
   }
   return std::size_t{bad[0]} + bad[1] + bad[2] + bad[3] + bad[4] + bad[5] + bad[6] + bad[7];
+}
+
+/// scatter_range over one chunk, block by block, each block's written values then added to the
+/// norm's lanes (when acc is not null).
+template <bool Mul>
+std::size_t scatter_chunk(const float* __restrict in, float* __restrict out, std::size_t m, float vs, l1_lanes* acc) noexcept {
+  std::size_t bad = 0;
+  for (std::size_t o = 0; o < m; o += norm_block) {
+    const std::size_t mb = m - o < norm_block ? m - o : norm_block;
+    bad += scatter_range<Mul>(in + o, out + o, mb, vs);
+    if (acc != nullptr) l1_add(*acc, out + o, mb);  // just written: in L1
+  }
+  return bad;
 }
 
 }  // namespace detail
@@ -134,7 +168,7 @@ inline void chunk_l1_norms(const float* pool, std::size_t n, std::size_t C, cons
   for (std::size_t j = 0; j < count; ++j) {
     const std::size_t c = list[j];
     const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
-    double s[8] = {};
+    detail::l1_lanes s;
     detail::l1_add(s, pool + b, e - b);
     norms[c] = scale * detail::l1_total(s);
   }
@@ -184,9 +218,8 @@ inline std::size_t scatter_chunks(const float* buf, float* pool, std::size_t n, 
     const std::size_t c = list[j];
     const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
     if (norms != nullptr) {
-      double s[8] = {};
-      for (std::size_t o = b; o < e; o += detail::count_block)
-        (void)detail::scatter_range<false>(buf + k + (o - b), pool + o, e - o < detail::count_block ? e - o : detail::count_block, 1.0f, s);
+      detail::l1_lanes s;
+      (void)detail::scatter_chunk<false>(buf + k, pool + b, e - b, 1.0f, &s);
       norms[c] = scale * detail::l1_total(s);
     } else if (e > b) {
       std::memcpy(pool + b, buf + k, (e - b) * sizeof(float));
@@ -206,12 +239,10 @@ inline std::size_t scatter_chunks_counted(const float* buf, float* pool, std::si
   for (std::size_t j = 0; j < count; ++j) {
     const std::size_t c = list[j];
     const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
-    double s[8] = {};
-    for (std::size_t o = b; o < e; o += detail::count_block) {  // count_block: a multiple of 8, counts fit 32 bits
-      const std::size_t m = e - o < detail::count_block ? e - o : detail::count_block;
-      bad += multiply ? detail::scatter_range<true>(buf + k + (o - b), pool + o, m, value_scale, s)
-                      : detail::scatter_range<false>(buf + k + (o - b), pool + o, m, 1.0f, s);
-    }
+    detail::l1_lanes s;
+    detail::l1_lanes* acc = norms != nullptr ? &s : nullptr;
+    bad += multiply ? detail::scatter_chunk<true>(buf + k, pool + b, e - b, value_scale, acc)
+                    : detail::scatter_chunk<false>(buf + k, pool + b, e - b, 1.0f, acc);
     if (norms != nullptr) norms[c] = norm_scale * detail::l1_total(s);
     k += e - b;
   }
@@ -224,12 +255,12 @@ inline std::size_t scatter_chunks_counted(const float* buf, float* pool, std::si
 template <class W>
 std::size_t scatter_chunks_from_wire(const W* wire, float* pool, std::size_t n, std::size_t C, const std::uint32_t* list, std::size_t count,
                                      float* norms, float norm_scale) noexcept {
-  constexpr std::size_t block = 4096;  // a multiple of 8: the norm's lanes run on across blocks
+  constexpr std::size_t block = detail::norm_block;  // a multiple of 256: the norm's lanes run on across blocks
   std::size_t k = 0, bad = 0;
   for (std::size_t j = 0; j < count; ++j) {
     const std::size_t c = list[j];
     const std::size_t b = detail::chunk_begin(c, C), e = detail::chunk_end(c, n, C);
-    double s[8] = {};
+    detail::l1_lanes s;
     for (std::size_t o = b; o < e; o += block) {
       const std::size_t mb = e - o < block ? e - o : block;
       bad += wire_to_float(wire + k + (o - b), pool + o, mb);
@@ -255,24 +286,25 @@ inline void defer_chunks(float* pool, float* hist, std::size_t n, std::size_t C,
     float* __restrict p = pool + b;
     float* __restrict h = hist + b;
     const std::size_t m = e - b;
-    double s[8] = {};
-    std::size_t i = 0;
-    for (; i + 8 <= m; i += 8) {
-      float g[8];
-      GFLOW_UNROLL8
-      for (std::size_t l = 0; l < 8; ++l) g[l] = p[i + l] + h[i + l];
-      GFLOW_UNROLL8
-      for (std::size_t l = 0; l < 8; ++l) s[l] += std::fabs(static_cast<double>(g[l]));
-      GFLOW_UNROLL8
-      for (std::size_t l = 0; l < 8; ++l) h[i + l] = finite_or_zero(momentum * g[l]);
-      GFLOW_UNROLL8
-      for (std::size_t l = 0; l < 8; ++l) p[i + l] = 0.0f;
-    }
-    for (std::size_t l = 0; i < m; ++i, ++l) {
-      const float g = p[i] + h[i];
-      s[l] += std::fabs(static_cast<double>(g));
-      h[i] = finite_or_zero(momentum * g);
-      p[i] = 0.0f;
+    detail::l1_lanes s;
+    for (std::size_t o = 0; o < m; o += detail::norm_block) {
+      const std::size_t mb = m - o < detail::norm_block ? m - o : detail::norm_block;
+      if (norms != nullptr) detail::l1_add_sum(s, p + o, h + o, mb);  // g = p + h, before the block is updated (then in L1)
+      std::size_t i = o;
+      for (; i + 8 <= o + mb; i += 8) {
+        float g[8];
+        GFLOW_UNROLL8
+        for (std::size_t l = 0; l < 8; ++l) g[l] = p[i + l] + h[i + l];
+        GFLOW_UNROLL8
+        for (std::size_t l = 0; l < 8; ++l) h[i + l] = finite_or_zero(momentum * g[l]);
+        GFLOW_UNROLL8
+        for (std::size_t l = 0; l < 8; ++l) p[i + l] = 0.0f;
+      }
+      for (; i < o + mb; ++i) {
+        const float g = p[i] + h[i];
+        h[i] = finite_or_zero(momentum * g);
+        p[i] = 0.0f;
+      }
     }
     if (norms != nullptr) norms[c] = detail::l1_total(s);
   }
