@@ -1,6 +1,8 @@
-// gflow_bench_exchange_device [--layout NAME] [--ranks P] [--iters R]: one iteration of each sparse
-// scheme on device memory (the exchanger's CUDA path), P ranks as threads on one GPU through
-// gflow::inproc_device::transport (default P = 1: no peer, so what is timed is the engine's own
+// gflow_bench_exchange_device [--layout NAME] [--ranks P] [--iters R] [--transport inproc|mpi]: one
+// iteration of each sparse scheme on device memory (the exchanger's CUDA path), P ranks as threads
+// on one GPU through gflow::inproc_device::transport, or (--transport mpi, under mpiexec -n P;
+// --ranks is then the job's size) one process per rank through gflow::mpi_device::transport, each
+// rank on device gflow::mpi_device::local_device (default P = 1: no peer, so what is timed is the engine's own
 // work on the device and host: selection, take, the host steps and transfers of OkTopK, the
 // merges and verdicts of GTopK, and the pool writes). GTopK is the baseline measured in the
 // same run (Dense is not timed: this test transport copies a dense buffer through the host, which
@@ -12,12 +14,14 @@
 // selection and take; OkTopK's includes its transfers to the host), the exchange ("collective":
 // GTopK's tree and broadcast, TopK's gather, OkTopK's host steps and staged collectives) and the
 // rest (applying the result, finish()). One JSON object per scheme on stdout, a table on stderr.
-// layering: cuda/: a device exchanger needs <gflow/cuda/exchanger.cuh> and the in-process
-// device transport.
+// layering: cuda/: a device exchanger needs <gflow/cuda/exchanger.cuh> and the device transports.
 #include <cuda_runtime.h>
 
 #include <gflow/cuda/exchanger.cuh>
 #include <gflow/cuda/inproc_transport.cuh>
+#if GFLOW_BENCH_HAVE_MPI
+#include <gflow/cuda/mpi_transport.cuh>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -40,8 +44,7 @@ void ok(cudaError_t e, const char* what) {
   }
 }
 
-using T = gflow::inproc_device::transport;
-template <class Sparsifier>
+template <class Sparsifier, class T>
 using ex_of = typename gflow::Exchanger<Sparsifier>::template on<T>;
 
 struct scheme {
@@ -60,6 +63,7 @@ struct runner {
 template <class Ex>
 struct runner_of final : runner {
   Ex ex;
+  template <class T>
   runner_of(T& t, const gflow::Layout& l) : ex(t, l) {
     ex.set_timeline(&tl);
     tl.start(t);
@@ -94,16 +98,34 @@ double percentile(std::vector<double> v, double p) {
 int main(int argc, char** argv) {
   std::string layout_name = "resnet50";
   int P = 1, iters = 30;
+  std::string via = "inproc";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--layout" && i + 1 < argc) layout_name = argv[++i];
+    else if (a == "--transport" && i + 1 < argc) via = argv[++i];
     else if (a == "--ranks" && i + 1 < argc) P = std::atoi(argv[++i]);
     else if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: gflow_bench_exchange_device [--layout NAME] [--ranks P] [--iters R]\n");
+      std::fprintf(stderr, "usage: gflow_bench_exchange_device [--layout NAME] [--ranks P] [--iters R] [--transport inproc|mpi]\n");
       return 2;
     }
   }
+  if (via != "inproc" && via != "mpi") {
+    std::fprintf(stderr, "gflow_bench_exchange_device: --transport is inproc or mpi (got %s)\n", via.c_str());
+    return 2;
+  }
+#if GFLOW_BENCH_HAVE_MPI
+  std::unique_ptr<gflow::mpi::environment> env;
+  if (via == "mpi") {
+    env = std::make_unique<gflow::mpi::environment>(argc, argv);
+    MPI_Comm_size(MPI_COMM_WORLD, &P);
+  }
+#else
+  if (via == "mpi") {
+    std::fprintf(stderr, "gflow_bench_exchange_device: built without MPI, so --transport mpi is not available\n");
+    return 2;
+  }
+#endif
   if (P < 1 || iters < 1) {
     std::fprintf(stderr, "gflow_bench_exchange_device: --ranks and --iters must be >= 1\n");
     return 2;
@@ -120,7 +142,8 @@ int main(int argc, char** argv) {
   const std::size_t n = layout.total_numel();
 
   std::vector<scheme> schemes = {{"GTopK 0.001", {}}, {"TopK 0.001", {}}, {"OkTopK 0.001", {}}};
-  gflow::inproc_device::run(P, [&](T& t) {
+  int my_rank = 0;
+  auto body = [&]<class T>(T& t) {
     // Each rank's gradients: a spread of magnitudes, fresh per rank, kept on the device.
     std::vector<float> h(n);
     std::mt19937_64 rng(17 + static_cast<unsigned>(t.rank()));
@@ -130,9 +153,9 @@ int main(int argc, char** argv) {
     ok(cudaMalloc(&grads, n * sizeof(float)), "cudaMalloc");
     ok(cudaMemcpy(grads, h.data(), n * sizeof(float), cudaMemcpyHostToDevice), "H2D");
     std::vector<std::unique_ptr<runner>> rs;
-    rs.push_back(std::make_unique<runner_of<ex_of<gflow::Sparsifier<gflow::GTopK<0.001>>>>>(t, layout));
-    rs.push_back(std::make_unique<runner_of<ex_of<gflow::Sparsifier<gflow::TopK<0.001>>>>>(t, layout));
-    rs.push_back(std::make_unique<runner_of<ex_of<gflow::Sparsifier<gflow::OkTopK<0.001>>>>>(t, layout));
+    rs.push_back(std::make_unique<runner_of<ex_of<gflow::Sparsifier<gflow::GTopK<0.001>>, T>>>(t, layout));
+    rs.push_back(std::make_unique<runner_of<ex_of<gflow::Sparsifier<gflow::TopK<0.001>>, T>>>(t, layout));
+    rs.push_back(std::make_unique<runner_of<ex_of<gflow::Sparsifier<gflow::OkTopK<0.001>>, T>>>(t, layout));
     for (int it = -5; it < iters; ++it) {
       for (std::size_t s = 0; s < rs.size(); ++s) {
         ok(cudaMemcpyAsync(rs[s]->pool(), grads, n * sizeof(float), cudaMemcpyDeviceToDevice, t.stream()), "D2D of the gradients");
@@ -152,9 +175,20 @@ int main(int argc, char** argv) {
         schemes[s].exchange_ms = spans(rs[s]->tl, gflow::trace_kind::collective, 5, static_cast<std::uint64_t>(iters));
       }
     ok(cudaFree(grads), "cudaFree");
-  });
+  };
+#if GFLOW_BENCH_HAVE_MPI
+  if (via == "mpi") {
+    MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
+    gflow::mpi_device::transport t(MPI_COMM_WORLD, gflow::mpi_device::local_device(MPI_COMM_WORLD));
+    ok(cudaSetDevice(t.device()), "cudaSetDevice");
+    body(t);
+  }
+#endif
+  if (via == "inproc") gflow::inproc_device::run(P, [&](gflow::inproc_device::transport& t) { body(t); });
+  if (my_rank != 0) return 0;  // rank 0 reports
 
-  std::fprintf(stderr, "device: %s, layout %s (%zu fp32), %d rank(s) on one GPU (inproc_device), %d iterations\n", prop.name, layout_name.c_str(), n, P,
+  const char* how = via == "mpi" ? "processes under mpiexec, mpi_device" : "threads, inproc_device";
+  std::fprintf(stderr, "device: %s, layout %s (%zu fp32), %d rank(s) on one GPU (%s), %d iterations\n", prop.name, layout_name.c_str(), n, P, how,
                iters);
   std::fprintf(stderr, "%-16s %10s %10s %10s %10s %10s %10s\n", "scheme", "median ms", "p10", "p90", "vs GTopK", "select", "exchange");
   const double base = percentile(schemes[0].ms, 0.5);
@@ -163,9 +197,9 @@ int main(int argc, char** argv) {
     const double sel = percentile(s.select_ms, 0.5), exch = percentile(s.exchange_ms, 0.5);
     std::fprintf(stderr, "%-16s %10.3f %10.3f %10.3f %10.2f %10.3f %10.3f\n", s.name.c_str(), med, percentile(s.ms, 0.1), percentile(s.ms, 0.9),
                  med / base, sel, exch);
-    std::printf("{\"suite\":\"exchange_device\",\"device\":\"%s\",\"layout\":\"%s\",\"ranks\":%d,\"scheme\":\"%s\",\"median_ms\":%.4f,\"p10_ms\":%.4f,"
+    std::printf("{\"suite\":\"exchange_device\",\"device\":\"%s\",\"transport\":\"%s\",\"layout\":\"%s\",\"ranks\":%d,\"scheme\":\"%s\",\"median_ms\":%.4f,\"p10_ms\":%.4f,"
                 "\"p90_ms\":%.4f,\"vs_gtopk\":%.4f,\"select_ms\":%.4f,\"exchange_ms\":%.4f}\n",
-                prop.name, layout_name.c_str(), P, s.name.c_str(), med, percentile(s.ms, 0.1), percentile(s.ms, 0.9), med / base, sel, exch);
+                prop.name, via.c_str(), layout_name.c_str(), P, s.name.c_str(), med, percentile(s.ms, 0.1), percentile(s.ms, 0.9), med / base, sel, exch);
   }
   return 0;
 }

@@ -1,29 +1,36 @@
 #!/usr/bin/env bash
-# scripts/gpu-check.sh [OUT_DIR]: everything a machine with a GPU should verify, in one command
-# (issue 12). Needs only the repository and the CUDA toolkit (nvcc, NCCL, CCCL): no network.
-#   1. builds the CUDA targets (Release, build-gpu/): gflow_cuda_tests, the NCCL compile check,
-#      gflow_bench_device (each by name: without NCCL the build fails, it is not skipped);
+# scripts/gpu-check.sh [OUT_DIR]: everything a machine with a GPU should verify, in one command.
+# Needs only the repository and the CUDA toolkit (nvcc, NCCL, CCCL): no network.
+#   1. builds the CUDA targets (Release, build-gpu/): gflow_cuda_tests, gflow_cuda_mpi_tests, the
+#      NCCL compile check, gflow_bench_device, gflow_bench_exchange_device (each by name: without
+#      NCCL the build fails, it is not skipped);
 #   2. runs every CUDA test suite (gflow_cuda_tests kernels | device | nccl, what ctest's cuda_*
 #      tests run): kernels vs host, the device-vs-host bitwise exchanges for P = 1..4, NCCL
 #      collectives and exchanger;
-#   3. runs bench/run kernels --device: casts, norms, residual and compaction kernels in GB/s
+#   3. runs gflow_cuda_mpi_tests under mpiexec at 1, 2 and 4 processes on the one GPU
+#      (gflow::mpi_device::transport bitwise against the host MPI transport and inproc_device);
+#   4. runs bench/run kernels --device: casts, norms, residual and compaction kernels in GB/s
 #      against a copy kernel of the same run, top-k of 25.6 M fp32 at d = 0.001 / 0.01 (and
-#      torch.topk when Python's torch imports).
-# GFLOW_GPU_PREBUILT=DIR skips step 1: DIR holds gflow_cuda_tests and gflow_bench_device built
-# elsewhere for this GPU (a machine whose image lacks {fmt} or doctest, or a short lease: the
-# build is most of the budget). Shared libraries the binaries cannot find (libnccl.so.2,
-# libcudart.so.13) are looked up in the CUDA toolkit, Python's nvidia-* packages and DIR/lib;
-# DIR/COMMIT, if present, names the commit they were built at (a copied tree's .git may be stale).
-# What a session with a lent GPU ran (docs/BENCHMARKS.md section 5), from the repository root:
-#   cmake --build build --target gflow_cuda_tests gflow_bench_device gflow_bench_exchange_device
-#   mkdir -p .gpu/bench .gpu/lib && cp build/tests/cuda/gflow_cuda_tests .gpu/ &&
-#   cp build/bench/gflow_bench_device build/bench/gflow_bench_exchange_device .gpu/bench/ &&
-#   cp -L /usr/local/lib/libcudart.so.13 .gpu/lib/ && git rev-parse --short HEAD > .gpu/COMMIT
-#   (there, with .gpu carried)  GFLOW_GPU_PREBUILT=$PWD/.gpu bash scripts/gpu-check.sh
+#      torch.topk when Python's torch imports);
+#   5. runs gflow_bench_exchange_device (resnet50, d = 0.001, GTopK / TopK / OkTopK) at 1 and 4
+#      ranks in one process (inproc_device) and at 4 processes under mpiexec (mpi_device);
+#   6. prints every target MET / MISSED (bench/device_targets.py).
+# GFLOW_GPU_PREBUILT=DIR skips step 1: DIR holds the binaries built elsewhere for this GPU, as
+# scripts/gpu-bundle.sh lays them out (DIR/lib: the shared libraries they need; DIR/mpi: an Open
+# MPI runtime, used when the machine has no mpiexec of its own; DIR/COMMIT: the commit they were
+# built at, as a copied tree's .git may be stale). A short lease spends its time here, not building.
+# The flow a session with a lent GPU follows, from the repository root:
+#   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGFLOW_CUDA_ARCHITECTURES=90
+#   cmake --build build -j2 --target gflow_cuda_tests gflow_cuda_mpi_tests gflow_bench_device gflow_bench_exchange_device
+#                                           (about 25 minutes on 2 cores)
+#   bash scripts/gpu-bundle.sh build        (.gpu/, about 30 MB, ignored by git)
+#   then, through the device tool with carry [".gpu"]:  GFLOW_GPU_PREBUILT=$PWD/.gpu bash scripts/gpu-check.sh
+#   (OUT_DIR defaults to $OUT there, so the results come back).
 # Results go to OUT_DIR (default: $OUT when set, else results/gpu-check-<UTC time>): build.log,
-# tests.log, kernels_device.jsonl (one JSON object per kernel), kernels_device.txt (the table),
-# summary.txt. Exit status: 0 when every step passed, else 1. Budget: 8 minutes on an H100 with
-# the build (-j is the machine's core count), about 2 without.
+# tests.log, mpi.log, kernels_device.jsonl (one JSON object per kernel), kernels_device.txt (the
+# table), exchange_device.jsonl / .txt, summary.txt. Exit status: 0 when every step passed, else 1
+# (a missed speed target is reported, not a failure). Budget: about 3 minutes with prebuilt
+# binaries on an H200 (8 minutes with the build, -j the machine's core count).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${1:-${OUT:-$root/results/gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}}"
@@ -52,10 +59,19 @@ archs=()
 if [[ "$arch" =~ ^[0-9]+$ ]]; then archs=(-DGFLOW_CUDA_ARCHITECTURES="$arch"); fi
 if [[ -n "${GFLOW_GPU_PREBUILT:-}" ]]; then
   tests_bin="$GFLOW_GPU_PREBUILT/gflow_cuda_tests"
+  mpi_bin="$GFLOW_GPU_PREBUILT/gflow_cuda_mpi_tests"
   bench_dir="$GFLOW_GPU_PREBUILT"
+  # The bundle's libraries after the machine's own: only what the machine lacks is taken from it.
+  [[ -d "$GFLOW_GPU_PREBUILT/lib" ]] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$GFLOW_GPU_PREBUILT/lib"
+  if ! command -v mpiexec >/dev/null && [[ -d "$GFLOW_GPU_PREBUILT/mpi/usr" ]]; then
+    export OPAL_PREFIX="$GFLOW_GPU_PREBUILT/mpi/usr" PMIX_INSTALL_PREFIX="$GFLOW_GPU_PREBUILT/mpi/usr/lib/x86_64-linux-gnu/pmix2"
+    export PATH="$OPAL_PREFIX/bin:$PATH"
+    note "mpi: the bundle's Open MPI runtime (OPAL_PREFIX=$OPAL_PREFIX)"
+  fi
   note "build: skipped, prebuilt binaries from $GFLOW_GPU_PREBUILT$( [[ -f "$GFLOW_GPU_PREBUILT/COMMIT" ]] && echo ", built at $(cat "$GFLOW_GPU_PREBUILT/COMMIT")")"
   # Put the directory of every library a binary cannot find on LD_LIBRARY_PATH.
-  for bin in "$tests_bin" "$bench_dir/bench/gflow_bench_device"; do
+  for bin in "$tests_bin" "$mpi_bin" "$bench_dir/bench/gflow_bench_device" "$bench_dir/bench/gflow_bench_exchange_device"; do
+    [[ -f "$bin" ]] || continue
     for lib in $(ldd "$bin" 2>/dev/null | awk '/not found/ {print $1}'); do
       found="$(find /usr/local/cuda/lib64/ /usr/local/cuda/lib/ /usr/local/cuda/targets/ /usr/lib/ /opt/ /usr/local/lib/ \
                     "$GFLOW_GPU_PREBUILT/lib/" -name "$lib" 2>/dev/null | head -1)"
@@ -69,11 +85,12 @@ if [[ -n "${GFLOW_GPU_PREBUILT:-}" ]]; then
   done
 else
   tests_bin="$build/tests/cuda/gflow_cuda_tests"
+  mpi_bin="$build/tests/cuda/gflow_cuda_mpi_tests"
   bench_dir="$build"
   step_start "build"
   if cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGFLOW_BUILD_EXAMPLES=OFF "${archs[@]}" > "$out/build.log" 2>&1 &&
      grep -q "CUDA ON" "$out/build.log" &&
-     cmake --build "$build" -j"$jobs" --target gflow_cuda_tests gflow_bench_device gflow_nccl_sparse_compile >> "$out/build.log" 2>&1; then
+     cmake --build "$build" -j"$jobs" --target gflow_cuda_tests gflow_cuda_mpi_tests gflow_bench_device gflow_bench_exchange_device gflow_nccl_sparse_compile >> "$out/build.log" 2>&1; then
     step_end "build" "ok"
   else
     step_end "build" "FAILED (see build.log)"
@@ -105,6 +122,39 @@ done
 grep -E '^\[ FAIL \]|FAILED' "$out/tests.log" | head -30 | tee -a "$summary" >&2
 step_end "CUDA tests" "$([[ $status == 0 ]] && echo ok || echo 'with failures')"
 
+step_start "CUDA tests under mpiexec"
+# Open MPI inside a container: no single-copy (CMA) between the ranks, the ob1 PML over shared
+# memory and TCP (no UCX), no warnings about unused network components.
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_base_warn_component_unused=0
+mpirun_=(mpiexec --allow-run-as-root --oversubscribe --bind-to none)
+: > "$out/mpi.log"
+mpi_ok=0
+if ! command -v mpiexec >/dev/null; then
+  note "  mpiexec: not found (no MPI here and no bundle): the mpi_device checks did NOT run"; status=1
+elif ! timeout 60 "${mpirun_[@]}" -n 2 true >> "$out/mpi.log" 2>&1; then
+  note "  mpiexec: cannot start 2 processes here (see mpi.log): the mpi_device checks did NOT run"; status=1
+elif [[ ! -x "$mpi_bin" ]]; then
+  note "  gflow_cuda_mpi_tests: not built: the mpi_device checks did NOT run"; status=1
+else
+  mpi_ok=1
+  for np in 1 2 4; do
+    s0=$(date +%s)
+    echo "== mpiexec -n $np" >> "$out/mpi.log"
+    timeout "$limit" "${mpirun_[@]}" -n "$np" "$mpi_bin" mpi_device >> "$out/mpi.log" 2>&1
+    rc=$?
+    took="$(( $(date +%s) - s0 )) s"
+    last="$(grep -E '^[0-9]+ test\(s\)' "$out/mpi.log" | tail -1)"
+    case $rc in
+      0) note "  mpi_device, $np process(es): ok, $last ($took)" ;;
+      77) note "  mpi_device, $np process(es): SKIPPED: no CUDA device seen (see mpi.log)"; status=1 ;;
+      124) note "  mpi_device, $np process(es): TIMED OUT after $limit s (see mpi.log)"; status=1 ;;
+      *) note "  mpi_device, $np process(es): FAILED, exit $rc, $last ($took; see mpi.log)"; status=1 ;;
+    esac
+  done
+  grep -E 'FAILED|reported, not required' "$out/mpi.log" | sort | uniq | head -30 | tee -a "$summary" >&2
+fi
+step_end "CUDA tests under mpiexec" "$([[ $status == 0 ]] && echo ok || echo 'with failures')"
+
 step_start "bench kernels --device"
 if GFLOW_BENCH_DEVICE_BUILD="$bench_dir" GFLOW_BENCH_PREBUILT="${GFLOW_GPU_PREBUILT:+1}" "$root/bench/run" kernels --device > "$out/kernels_device.jsonl" 2> "$out/kernels_device.txt"; then
   step_end "bench kernels --device" "ok"
@@ -113,6 +163,25 @@ else
   status=1
 fi
 cat "$out/kernels_device.txt" | tee -a "$summary"
-python3 "$root/bench/device_targets.py" "$out/kernels_device.jsonl" 2>&1 | tee -a "$summary"
+
+step_start "bench exchange_device"
+exbin="$bench_dir/bench/gflow_bench_exchange_device"
+: > "$out/exchange_device.jsonl"
+: > "$out/exchange_device.txt"
+runs=("inproc 1" "inproc 4")
+[[ $mpi_ok == 1 ]] && runs+=("mpi 4")
+for run in "${runs[@]}"; do
+  read -r via np <<< "$run"
+  if [[ $via == mpi ]]; then cmd=("${mpirun_[@]}" -n "$np" "$exbin" --transport mpi --iters 30)
+  else cmd=("$exbin" --ranks "$np" --iters 30); fi
+  if timeout "$limit" "${cmd[@]}" >> "$out/exchange_device.jsonl" 2>> "$out/exchange_device.txt"; then
+    note "  exchange_device $via $np: ok"
+  else
+    note "  exchange_device $via $np: FAILED (see exchange_device.txt)"; status=1
+  fi
+done
+grep -vE '^  [0-9]+ of [0-9]+ rounds' "$out/exchange_device.txt" | tee -a "$summary"
+step_end "bench exchange_device" "done"
+python3 "$root/bench/device_targets.py" "$out/kernels_device.jsonl" "$out/exchange_device.jsonl" 2>&1 | tee -a "$summary"
 note "results in $out"
 exit "$status"
