@@ -79,10 +79,34 @@ struct l1_lanes {
   alignas(64) double s[norm_lanes] = {};
 };
 
+#if GFLOW_KERNELS_X86_SIMD
+// The whole rows of l1_add / l1_add_sum with AVX2 (4 lanes per instruction), bitwise the scalar
+// loops: each lane gets the same double additions in the same order (vcvtps2pd, the sign cleared
+// by a mask as std::fabs does, vaddpd with the lane's sum as the first operand; l1_add_sum adds
+// in float first, as the scalar loop). The scalar loops are compute-bound on SSE2 and ran at
+// about 1.2x the 8-lane kernel's time on this project's VM; these run at the copy's.
+__attribute__((target("avx2"))) inline void l1_rows_avx2(double* __restrict s, const float* __restrict v, const float* __restrict h, std::size_t rows) noexcept {
+  const __m256d sign_off = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffLL));
+  for (std::size_t r = 0; r < rows; ++r, v += norm_lanes, h += (h != nullptr ? norm_lanes : 0))
+    for (std::size_t k = 0; k < norm_lanes; k += 4) {
+      __m128 x = _mm_loadu_ps(v + k);
+      if (h != nullptr) x = _mm_add_ps(x, _mm_loadu_ps(h + k));
+      const __m256d a = _mm256_and_pd(_mm256_cvtps_pd(x), sign_off);
+      _mm256_store_pd(s + k, _mm256_add_pd(_mm256_load_pd(s + k), a));
+    }
+}
+#endif
+
 /// Lane k adds |v[j]| for j = k mod 256. v[0] must sit at a multiple of 256 from its chunk's start.
 inline void l1_add(l1_lanes& acc, const float* __restrict v, std::size_t m) noexcept {
   double* __restrict s = acc.s;
   std::size_t j = 0;
+#if GFLOW_KERNELS_X86_SIMD
+  if (simd::available()) {
+    l1_rows_avx2(s, v, nullptr, m / norm_lanes);
+    j = m / norm_lanes * norm_lanes;
+  }
+#endif
   for (; j + norm_lanes <= m; j += norm_lanes)
     for (std::size_t k = 0; k < norm_lanes; ++k) s[k] += std::fabs(static_cast<double>(v[j + k]));
   for (std::size_t k = 0; j < m; ++j, ++k) s[k] += std::fabs(static_cast<double>(v[j]));
@@ -92,6 +116,12 @@ inline void l1_add(l1_lanes& acc, const float* __restrict v, std::size_t m) noex
 inline void l1_add_sum(l1_lanes& acc, const float* __restrict p, const float* __restrict h, std::size_t m) noexcept {
   double* __restrict s = acc.s;
   std::size_t j = 0;
+#if GFLOW_KERNELS_X86_SIMD
+  if (simd::available()) {
+    l1_rows_avx2(s, p, h, m / norm_lanes);
+    j = m / norm_lanes * norm_lanes;
+  }
+#endif
   for (; j + norm_lanes <= m; j += norm_lanes)
     for (std::size_t k = 0; k < norm_lanes; ++k) s[k] += std::fabs(static_cast<double>(p[j + k] + h[j + k]));
   for (std::size_t k = 0; j < m; ++j, ++k) s[k] += std::fabs(static_cast<double>(p[j] + h[j]));
