@@ -7,18 +7,22 @@
 #   2. runs every CUDA test suite (gflow_cuda_tests kernels | device | nccl, what ctest's cuda_*
 #      tests run): kernels vs host, the device-vs-host bitwise exchanges for P = 1..4, NCCL
 #      collectives and exchanger;
-#   3. runs gflow_cuda_mpi_tests under mpiexec at 1, 2 and 4 processes on the one GPU
-#      (gflow::mpi_device::transport bitwise against the host MPI transport and inproc_device);
+#   3. runs the device suite again in two processes at once (the in-process device transport with
+#      another process on the GPU), then gflow_cuda_mpi_tests under mpiexec at 1, 2 and 4 processes
+#      on the one GPU (gflow::mpi_device::transport bitwise against the host MPI transport and the
+#      in-process one);
 #   4. runs bench/run kernels --device: casts, norms, residual and compaction kernels in GB/s
 #      against a copy kernel of the same run, top-k of 25.6 M fp32 at d = 0.001 / 0.01 (and
 #      torch.topk when Python's torch imports);
 #   5. runs gflow_bench_exchange_device (resnet50, d = 0.001, GTopK / TopK / OkTopK) at 1 and 4
 #      ranks in one process (inproc_device) and at 4 processes under mpiexec (mpi_device);
 #   6. prints every target MET / MISSED (bench/device_targets.py).
-# GFLOW_GPU_PREBUILT=DIR skips step 1: DIR holds the binaries built elsewhere for this GPU, as
-# scripts/gpu-bundle.sh lays them out (DIR/lib: the shared libraries they need; DIR/mpi: an Open
-# MPI runtime, used when the machine has no mpiexec of its own; DIR/COMMIT: the commit they were
-# built at, as a copied tree's .git may be stale). A short lease spends its time here, not building.
+# GFLOW_GPU_PREBUILT=DIR skips step 1 (without it the script builds: about 400 s of a lease on
+# an H200's 16 cores): DIR holds the binaries built elsewhere for this GPU, as
+# scripts/gpu-bundle.sh lays them out (DIR/lib: shared libraries, linked in only where the machine
+# lacks them; DIR/mpi: an Open MPI runtime, used when the machine has no mpiexec of its own (the
+# lent H200 machines had Open MPI 4.1); DIR/COMMIT: the commit they were built at, as a copied
+# tree's .git may be stale).
 # The flow a session with a lent GPU follows, from the repository root:
 #   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGFLOW_CUDA_ARCHITECTURES=90
 #   cmake --build build -j2 --target gflow_cuda_tests gflow_cuda_mpi_tests gflow_bench_device gflow_bench_exchange_device
@@ -29,8 +33,9 @@
 # Results go to OUT_DIR (default: $OUT when set, else results/gpu-check-<UTC time>): build.log,
 # tests.log, mpi.log, kernels_device.jsonl (one JSON object per kernel), kernels_device.txt (the
 # table), exchange_device.jsonl / .txt, summary.txt. Exit status: 0 when every step passed, else 1
-# (a missed speed target is reported, not a failure). Budget: about 3 minutes with prebuilt
-# binaries on an H200 (8 minutes with the build, -j the machine's core count).
+# (a missed speed target is reported, not a failure). Time on an H200 (2026-11-28): the build 395 s,
+# the three CUDA suites 20 s, the kernel benchmark with torch.topk about 15 s; the whole script with
+# prebuilt binaries has not been timed in one piece yet.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${1:-${OUT:-$root/results/gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}}"
@@ -61,22 +66,23 @@ if [[ -n "${GFLOW_GPU_PREBUILT:-}" ]]; then
   tests_bin="$GFLOW_GPU_PREBUILT/gflow_cuda_tests"
   mpi_bin="$GFLOW_GPU_PREBUILT/gflow_cuda_mpi_tests"
   bench_dir="$GFLOW_GPU_PREBUILT"
-  # The bundle's libraries after the machine's own: only what the machine lacks is taken from it.
-  [[ -d "$GFLOW_GPU_PREBUILT/lib" ]] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$GFLOW_GPU_PREBUILT/lib"
   if ! command -v mpiexec >/dev/null && [[ -d "$GFLOW_GPU_PREBUILT/mpi/usr" ]]; then
     export OPAL_PREFIX="$GFLOW_GPU_PREBUILT/mpi/usr" PMIX_INSTALL_PREFIX="$GFLOW_GPU_PREBUILT/mpi/usr/lib/x86_64-linux-gnu/pmix2"
     export PATH="$OPAL_PREFIX/bin:$PATH"
     note "mpi: the bundle's Open MPI runtime (OPAL_PREFIX=$OPAL_PREFIX)"
   fi
-  note "build: skipped, prebuilt binaries from $GFLOW_GPU_PREBUILT$( [[ -f "$GFLOW_GPU_PREBUILT/COMMIT" ]] && echo ", built at $(cat "$GFLOW_GPU_PREBUILT/COMMIT")")"
-  # Put the directory of every library a binary cannot find on LD_LIBRARY_PATH.
+  # Only the libraries a binary cannot find are taken from elsewhere, each linked into a folder of
+  # its own: LD_LIBRARY_PATH goes before the machine's own libraries, so a whole folder of the
+  # bundle's (an older PMIx, say) would shadow the machine's MPI runtime.
+  libdir="$(mktemp -d /tmp/gflow-gpu-libs.XXXXXX)"
+  export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   for bin in "$tests_bin" "$mpi_bin" "$bench_dir/bench/gflow_bench_device" "$bench_dir/bench/gflow_bench_exchange_device"; do
     [[ -f "$bin" ]] || continue
     for lib in $(ldd "$bin" 2>/dev/null | awk '/not found/ {print $1}'); do
       found="$(find /usr/local/cuda/lib64/ /usr/local/cuda/lib/ /usr/local/cuda/targets/ /usr/lib/ /opt/ /usr/local/lib/ \
                     "$GFLOW_GPU_PREBUILT/lib/" -name "$lib" 2>/dev/null | head -1)"
       if [[ -n "$found" ]]; then
-        export LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        ln -sf "$found" "$libdir/$lib"
         note "library: $lib from $found"
       else
         note "library: $lib NOT FOUND"
@@ -121,6 +127,22 @@ for suite in kernels device nccl; do
 done
 grep -E '^\[ FAIL \]|FAILED' "$out/tests.log" | head -30 | tee -a "$summary" >&2
 step_end "CUDA tests" "$([[ $status == 0 ]] && echo ok || echo 'with failures')"
+
+step_start "device suite, two processes at once"
+# inproc_device with another process on the GPU (seen on 2026-11-28: other bytes than the host's
+# in a process that shared the GPU; this tells whether the device suite alone shows it).
+tmpa="$(mktemp)"; tmpb="$(mktemp)"
+timeout "$limit" "$tests_bin" device > "$tmpa" 2>&1 & pa=$!
+timeout "$limit" "$tests_bin" device > "$tmpb" 2>&1; rb=$?
+wait "$pa"; ra=$?
+{ echo "== device suite, process A of two"; cat "$tmpa"; echo "== device suite, process B of two"; cat "$tmpb"; } >> "$out/tests.log"
+for x in "A $ra $tmpa" "B $rb $tmpb"; do
+  read -r who rc f <<< "$x"
+  last="$(grep -E '^[0-9]+ test\(s\)' "$f" | tail -1)"
+  if [[ $rc == 0 ]]; then note "  device, process $who of two: ok, $last"; else note "  device, process $who of two: FAILED, exit $rc, $last"; status=1; fi
+done
+rm -f "$tmpa" "$tmpb"
+step_end "device suite, two processes at once" "done"
 
 step_start "CUDA tests under mpiexec"
 # Open MPI inside a container: no single-copy (CMA) between the ranks, the ob1 PML over shared

@@ -13,9 +13,10 @@
 // memory_space is device_memory and every buffer is a device pointer of t.device(). Each
 // collective waits for the rank's stream (the buffer is complete), then runs the in-process
 // transport's collective (transport/inproc.hpp: the same matching, the same mismatch and timeout
-// errors, reductions adding ranks 0..P-1 in order in fp32 and rounding once) on page-locked host
+// errors, reductions adding ranks 0..P-1 in order in fp32 and rounding once) on pageable host
 // copies, and copies the result back before returning; the i-forms complete before they return
-// (detail/cuda/staged_transport.cuh, which gflow::mpi_device::transport shares). The variable
+// (transport/staged_device.cuh, which gflow::mpi_device::transport shares with page-locked
+// buffers). A sub-group made by split shares the rank's stream. The variable
 // collectives (all_to_all, all_to_allv, all_gatherv: gflow::variable_transport) are staged the
 // same way, with the host transport's count checks.
 // The data path therefore crosses the host: this is a test transport (the reductions are those
@@ -37,7 +38,7 @@
 #include "../transport/inproc.hpp"
 #include "../transport/transport.hpp"
 #include "../detail/cuda/check.cuh"
-#include "../detail/cuda/staged_transport.cuh"
+#include "../transport/staged_device.cuh"
 
 namespace gflow::inproc_device {
 
@@ -46,11 +47,12 @@ class transport : public gflow::detail::cuda::staged_transport<inproc::transport
 
  public:
   /// Rank `host.rank()` of the group on CUDA device `device`, with a new non-blocking stream.
-  transport(inproc::transport host, int device) : base(std::move(host), device, false) {}
+  /// Staged through pageable buffers, the path its bitwise tests have run on.
+  transport(inproc::transport host, int device) : base(std::move(host), device, false, false) {}
 
  private:
   friend base;
-  transport(inproc::transport host, int device, typename base::split_tag) : base(std::move(host), device, false) {}
+  transport(inproc::transport host, int device, typename base::split_tag s) : base(std::move(host), device, std::move(s)) {}
 };
 static_assert(gflow::transport<transport> && gflow::variable_transport<transport>);
 

@@ -10,7 +10,7 @@
 // memory_space is device_memory. Each collective waits for the rank's stream, then runs
 // gflow::mpi::transport's collective (transport/mpi.hpp: the same MPI calls, the same argument
 // checks, typed errors and timeouts) on page-locked host copies and copies the result up on the
-// rank's stream before returning (detail/cuda/staged_transport.cuh, shared with
+// rank's stream before returning (transport/staged_device.cuh, shared with
 // gflow::inproc_device::transport); the i-forms complete before they return. So a device exchange
 // over this transport gives the bytes a host exchange over gflow::mpi::transport gives on the same
 // gradients (tests/cuda/test_mpi_device.cu checks it under mpiexec, and against
@@ -35,7 +35,7 @@
 #include "../transport/mpi.hpp"
 #include "../transport/transport.hpp"
 #include "../detail/cuda/check.cuh"
-#include "../detail/cuda/staged_transport.cuh"
+#include "../transport/staged_device.cuh"
 
 namespace gflow::mpi_device {
 
@@ -81,7 +81,8 @@ class transport : public gflow::detail::cuda::staged_transport<gflow::mpi::trans
   transport(MPI_Comm comm, int device, std::chrono::milliseconds timeout = gflow::mpi::default_timeout, path p = path::automatic)
       : transport(gflow::mpi::transport(comm, timeout), device, p) {}
   /// The same over an existing host transport (its communicator, timeout and state are shared).
-  transport(gflow::mpi::transport host, int device, path p = path::automatic) : base(std::move(host), checked_device(device), choose(p)) {}
+  transport(gflow::mpi::transport host, int device, path p = path::automatic)
+      : base(std::move(host), checked_device(device), choose(p), true) {}
 
   [[nodiscard]] MPI_Comm comm() const { return host().comm(); }
   /// Bounds every later blocking wait (0: no timeout), as gflow::mpi::transport::set_timeout.
@@ -90,8 +91,8 @@ class transport : public gflow::detail::cuda::staged_transport<gflow::mpi::trans
 
  private:
   friend base;
-  // split(): the sub-group on the same device and path.
-  transport(gflow::mpi::transport host, int device, typename base::split_tag s) : base(std::move(host), device, s.direct) {}
+  // split(): the sub-group on the same device, path and stream.
+  transport(gflow::mpi::transport host, int device, typename base::split_tag s) : base(std::move(host), device, std::move(s)) {}
 
   static int checked_device(int device) {
     int devices = 0;

@@ -5,9 +5,9 @@
 // (Host, device, split_tag)).
 //
 // Each collective waits for the rank's stream (the producers of its input are done), copies the
-// input down into a page-locked staging buffer of this transport object, runs Host's collective
-// there, and copies the result up on the rank's stream before returning, so the kernels enqueued
-// next see it. The i-forms complete before they return (a request is a token). Matching, count
+// input down into a staging buffer of this transport object (page-locked, or pageable where
+// Derived asks for it), runs Host's collective there, and copies the result up on the rank's
+// stream before returning, so the kernels enqueued next see it. The i-forms complete before they return (a request is a token). Matching, count
 // checks, the mismatch and timeout errors and the reductions' order are Host's, so a device
 // exchange gives the bytes a host exchange over Host gives; a collective that throws copies
 // nothing back. The control channel (the exchanger's consistency checks) goes straight to Host on
@@ -19,44 +19,64 @@
 //
 // The staging buffers grow to the largest message seen and are kept (cudaMallocHost once per
 // size class, not per call); a copy of the transport shares Host's group and the stream but gets
-// buffers of its own. One thread at a time per transport object, as for the host transports.
+// buffers of its own. A sub-group (split) shares the stream too, as gflow::nccl::transport's does:
+// the exchanger enqueues its kernels on the transport's stream, and a sub-group's collectives
+// (Topology<Hierarchical>, Overlap<Concurrent<N>>) must be ordered with them. One thread at a time
+// per transport object, as for the host transports.
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <memory>
 #include <utility>
+#include <vector>
 
-#include "../../dtype.hpp"
-#include "../../transport/transport.hpp"
-#include "check.cuh"
+#include "../detail/cuda/check.cuh"
+#include "../dtype.hpp"
+#include "transport.hpp"
 
 namespace gflow::detail::cuda {
 
-/// A growable page-locked host buffer. Copies start empty (the contents are scratch).
-class pinned_scratch {
+/// A growable host staging buffer, page-locked (cudaMallocHost) or pageable. Copies start empty
+/// (the contents are scratch) and keep the kind.
+class staging_buffer {
  public:
-  pinned_scratch() = default;
-  pinned_scratch(const pinned_scratch&) noexcept {}
-  pinned_scratch& operator=(const pinned_scratch&) noexcept { return *this; }
-  ~pinned_scratch() {
-    if (p_ != nullptr) (void)cudaFreeHost(p_);
+  explicit staging_buffer(bool pinned) : pinned_(pinned) {}
+  staging_buffer(const staging_buffer& o) noexcept : pinned_(o.pinned_) {}
+  staging_buffer& operator=(const staging_buffer& o) noexcept {
+    if (this != &o) {
+      release();
+      pinned_ = o.pinned_;
+    }
+    return *this;
   }
+  ~staging_buffer() { release(); }
 
   /// At least `bytes` bytes; the old contents are not kept when it grows.
   void* get(std::size_t bytes, const char* what) {
     if (bytes <= cap_) return p_;
     const std::size_t want = bytes > 2 * cap_ ? bytes : 2 * cap_;
-    if (p_ != nullptr) (void)cudaFreeHost(p_);
-    p_ = nullptr;
-    cap_ = 0;
-    check_cuda(cudaMallocHost(&p_, want), what);
+    release();
+    if (pinned_) {
+      check_cuda(cudaMallocHost(&p_, want), what);
+    } else {
+      pageable_.resize(want);
+      p_ = pageable_.data();
+    }
     cap_ = want;
     return p_;
   }
 
  private:
+  void release() noexcept {
+    if (pinned_ && p_ != nullptr) (void)cudaFreeHost(p_);
+    pageable_ = {};
+    p_ = nullptr;
+    cap_ = 0;
+  }
+  bool pinned_;
   void* p_ = nullptr;
   std::size_t cap_ = 0;
+  std::vector<unsigned char> pageable_;
 };
 
 template <class Host, class Derived>
@@ -167,26 +187,33 @@ class staged_transport : public transport_base<device_memory> {
   template <wire_element T>
   void control_broadcast(T* buf, std::size_t n, int root) { host_.broadcast(buf, n, root); }
 
-  /// Collective: ranks with the same color form a group ordered by key, on the same device, each
-  /// with a new stream.
+  /// Collective: ranks with the same color form a group ordered by key, on the same device and
+  /// stream as this rank (see the header comment).
   Derived split(int color, int key) {
     sync();
-    return Derived(host_.split(color, key), device_, split_tag{direct_});
+    return Derived(host_.split(color, key), device_, split_tag{direct_, pinned_, stream_});
   }
 
  protected:
   /// What split() passes to Derived's constructor (host, device, split_tag): the sub-group keeps
-  /// the parent's path.
+  /// the parent's path, staging kind and stream.
   struct split_tag {
     bool direct;
+    bool pinned;
+    std::shared_ptr<CUstream_st> stream;
   };
-  /// Rank host.rank() of Host's group on CUDA device `device`, with a new non-blocking stream.
-  staged_transport(Host host, int device, bool direct) : host_(std::move(host)), device_(device), direct_(direct) {
+  /// Rank host.rank() of Host's group on CUDA device `device`, with a new non-blocking stream;
+  /// staging through page-locked buffers when `pinned`, else pageable ones.
+  staged_transport(Host host, int device, bool direct, bool pinned)
+      : host_(std::move(host)), device_(device), direct_(direct), pinned_(pinned), send_(pinned), recv_(pinned) {
     device_guard g(device_);
     cudaStream_t s = nullptr;
     check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags for a device transport's rank");
     stream_.reset(s, [](cudaStream_t p) { (void)cudaStreamDestroy(p); });
   }
+  /// A sub-group of split(): the parent's stream.
+  staged_transport(Host host, int device, split_tag s)
+      : host_(std::move(host)), device_(device), direct_(s.direct), pinned_(s.pinned), stream_(std::move(s.stream)), send_(s.pinned), recv_(s.pinned) {}
   staged_transport(const staged_transport&) = default;
   staged_transport(staged_transport&&) noexcept = default;
   staged_transport& operator=(const staged_transport&) = default;
@@ -213,12 +240,12 @@ class staged_transport : public transport_base<device_memory> {
   }
   /// `n` elements of staging; the stream is idle after (no upload still reads the buffer).
   template <class T>
-  T* scratch(pinned_scratch& s, std::size_t n) {
+  T* scratch(staging_buffer& s, std::size_t n) {
     sync();
-    return static_cast<T*>(s.get(n * sizeof(T) + 1, "cudaMallocHost of a device transport's staging buffer"));
+    return static_cast<T*>(s.get(n * sizeof(T) + 1, "cudaMallocHost of a device transport's page-locked staging buffer"));
   }
   template <class T>
-  T* down(pinned_scratch& s, const T* d, std::size_t n) {
+  T* down(staging_buffer& s, const T* d, std::size_t n) {
     T* h = scratch<T>(s, n);
     if (n) {
       check_cuda(cudaMemcpyAsync(h, d, n * sizeof(T), cudaMemcpyDeviceToHost, stream_.get()), "cudaMemcpyAsync of a device collective's input");
@@ -229,7 +256,8 @@ class staged_transport : public transport_base<device_memory> {
   template <class T>
   void up(T* d, const T* h, std::size_t n) {
     // On the rank's stream, so the kernels enqueued next see the result; the staging buffer is
-    // not reused before the stream has passed this copy (scratch() synchronises first).
+    // not reused before the stream has passed this copy (scratch() synchronises first; a pageable
+    // source is copied out before cudaMemcpyAsync returns).
     if (n) {
       device_guard g(device_);
       check_cuda(cudaMemcpyAsync(d, h, n * sizeof(T), cudaMemcpyHostToDevice, stream_.get()), "cudaMemcpyAsync of a device collective's result");
@@ -246,8 +274,9 @@ class staged_transport : public transport_base<device_memory> {
   Host host_;
   int device_;
   bool direct_;
+  bool pinned_;
   std::shared_ptr<CUstream_st> stream_;
-  pinned_scratch send_, recv_;
+  staging_buffer send_, recv_;
 };
 
 }  // namespace gflow::detail::cuda

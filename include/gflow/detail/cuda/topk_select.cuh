@@ -55,7 +55,10 @@ class topk_selector {
                              "select over smaller units (Fusion buckets).");
     state_ = device_array<topk_detail::select_state>(1, "cudaMalloc of the top-k selection state");
     hist_ = device_array<unsigned>(4096, "cudaMalloc of the top-k histogram");
-    check_cuda(cudaMemset(hist_.get(), 0, 4096 * sizeof(unsigned)), "cudaMemset of the top-k histogram");
+    // Zeroed once here (the choose kernel clears it after each use), and waited for: the work that
+    // reads it runs on non-blocking streams, which do not wait for the legacy default stream.
+    check_cuda(cudaMemsetAsync(hist_.get(), 0, 4096 * sizeof(unsigned), 0), "cudaMemsetAsync of the top-k histogram");
+    check_cuda(cudaStreamSynchronize(0), "cudaStreamSynchronize after zeroing the top-k histogram");
     const std::size_t tiles = topk_detail::tiles_for(max_n ? max_n : 1);
     counts_ = device_array<unsigned long long>(tiles, "cudaMalloc of the top-k tile counts");
     offsets_ = device_array<unsigned long long>(tiles, "cudaMalloc of the top-k tile offsets");
