@@ -7,18 +7,18 @@
 // Each collective waits for the rank's stream (the producers of its input are done), copies the
 // input down into a staging buffer of this transport object (page-locked, or pageable where
 // Derived asks for it), runs Host's collective there, and copies the result up on the rank's
-// stream before returning, so the kernels enqueued next see it. The i-forms complete before they return (a request is a token). Matching, count
-// checks, the mismatch and timeout errors and the reductions' order are Host's, so a device
-// exchange gives the bytes a host exchange over Host gives; a collective that throws copies
-// nothing back. The control channel (the exchanger's consistency checks) goes straight to Host on
+// stream before returning, so the kernels enqueued next see it. The i-forms complete before they
+// return (a request is a token). Matching, count checks, the mismatch and timeout errors and the
+// reductions' order are Host's, so a device exchange gives the bytes a host exchange over Host
+// gives; a collective that throws copies nothing back. The control channel (the exchanger's consistency checks) goes straight to Host on
 // host buffers.
 //
 // Where Host can read and write device memory itself (a CUDA-aware MPI, Derived's choice at
 // construction: direct()), the collectives pass the device pointers to Host after the stream
 // synchronisation, with no staging.
 //
-// The staging buffers grow to the largest message seen and are kept (cudaMallocHost once per
-// size class, not per call); a copy of the transport shares Host's group and the stream but gets
+// The staging buffers grow to the largest message seen and are kept (allocated again only to
+// grow, not per call); a copy of the transport shares Host's group and the stream but gets
 // buffers of its own. A sub-group (split) shares the stream too, as gflow::nccl::transport's does:
 // the exchanger enqueues its kernels on the transport's stream, and a sub-group's collectives
 // (Topology<Hierarchical>, Overlap<Concurrent<N>>) must be ordered with them. One thread at a time
