@@ -650,12 +650,15 @@ TEST_CASE("sharding: load_state of a moved Hybrid threshold gives the saver's sh
 // element on the ranks that trained (a joined rank's copy goes stale: the last rank to train has
 // the job's parameters); the sharded job's joined ranks step their shards in join(after_each) and
 // gather, so every rank ends with the unsharded job's parameters, bit for bit.
+// With learn_order, a rank that joins before the first finish() learns rank 0's order inside its
+// first shadow iteration: its pool and shard move there, and after_each steps the moved shard.
 template <class Topo>
-void sharded_join_matches(const std::vector<int>& batches, const Layout& l) {
+void sharded_join_matches(const std::vector<int>& batches, const Layout& l, bool learn_order = false) {
   const int P = static_cast<int>(batches.size());
   const int most = *std::max_element(batches.begin(), batches.end());
   exchange_options o;
   o.uneven_inputs = true;
+  o.learn_order = learn_order;
   std::mutex mu;
   std::vector<std::vector<float>> plain(static_cast<std::size_t>(P)), sharded(static_cast<std::size_t>(P));
   std::vector<join_status> plain_js(static_cast<std::size_t>(P));
@@ -674,9 +677,12 @@ void sharded_join_matches(const std::vector<int>& batches, const Layout& l) {
   });
   inproc::run(P, [&](inproc::transport& t) {
     on_inproc<Exchanger<Fusion<256>, Topo, Sharding<ReduceScatter>>> b(t, l, o);
-    std::vector<float> w(b.pool_size()), hu(indices_of(b.shard()).size(), 0.0f);
+    std::vector<float> w(b.pool_size()), hu;
     for (std::size_t j = 0; j < w.size(); ++j) w[j] = uniform_value(94, 0, j, 0);
-    const auto step = [&] {
+    bool sized = false;
+    const auto step = [&] {  // the state is sized at the first step, after the first finish() (learn_order's move)
+      if (!sized) hu.assign(indices_of(b.shard()).size(), 0.0f);
+      sized = true;
       std::size_t at = 0;
       for (const pool_range g : b.shard()) {
         optim::kernels::momentum_sgd_step_all(w.data() + g.begin, b.pool_data() + g.begin, hu.data() + at, g.size(), 0.05f, 0.9f);
@@ -699,6 +705,7 @@ void sharded_join_matches(const std::vector<int>& batches, const Layout& l) {
     CHECK(js.shadowed == static_cast<std::uint64_t>(most - mine));
     CHECK(stepped == js.shadowed);
     CHECK(b.iteration() == static_cast<std::uint64_t>(most));
+    if (learn_order) CHECK(b.generation() == 1);  // moved once, at the first finish(), joined or not
     std::lock_guard lk(mu);
     sharded[static_cast<std::size_t>(t.rank())] = w;
   });
@@ -718,6 +725,17 @@ TEST_CASE("sharding: join(after_each) steps a joined rank's shard; every rank en
   sharded_join_matches<Topology<Hierarchical<2>>>({4, 1, 2, 4}, layout_a());
   sharded_join_matches<Topology<Hybrid<1024, 2>>>({2, 4, 1, 3}, layout_b());
   sharded_join_matches<Topology<Hybrid<1024, 3>>>({2, 4, 1, 3, 3, 0}, layout_b());
+}
+
+TEST_CASE("sharding: join(after_each) with learn_order on a rank that joins before the first finish(): its shard moves with the learned layout") {
+  // exchange_values marks tensors in forward order, the reverse of the default pool order, so
+  // rank 0's learned order moves the pool; ranks with 0 batches learn it inside join().
+  for (const auto& b : std::vector<std::vector<int>>{{2, 0}, {3, 0, 1}, {2, 0, 0, 3}}) {
+    CAPTURE(b.size());
+    sharded_join_matches<Topology<Ring>>(b, layout_a(), true);
+  }
+  sharded_join_matches<Topology<Hierarchical<2>>>({3, 0, 2, 0}, layout_a(), true);
+  sharded_join_matches<Topology<Hybrid<1024, 2>>>({1, 0, 3, 2}, layout_b(), true);
 }
 
 // ---- checkpoints with the trainer's per-shard state ----------------------------------------------

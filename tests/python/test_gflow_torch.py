@@ -632,3 +632,39 @@ def test_sharded_join_steps_the_shard_and_ends_with_the_unsharded_jobs_parameter
     gt.verify_replicas([p.detach() for p in sharded])
     plain.close()
     zero.close()
+
+
+def test_sharded_join_before_the_first_step_follows_the_learned_layout():
+    """learn_order with uneven inputs: rank 1 joins before the first step, so it learns rank 0's
+    order (the parameters are listed in reverse: the pool moves) inside its first shadowed iteration,
+    and join's after_each must re-lay its weights and shard before stepping them. Every rank ends
+    with the unsharded learn_order job's parameters, bitwise."""
+    steps = [2, 0, 1, 3][R]
+    full = _model_params(4)
+    sharded = _model_params(4)
+    plain = gt.DistributedOptimizer(torch.optim.SGD(full, lr=0.5, momentum=0.5), list(reversed([("p%d" % i, p) for i, p in enumerate(full)])),
+                                    composition="fusion=4MiB", uneven_inputs=True, learn_order=True)
+    for it in range(steps):
+        plain.zero_grad()
+        backward(full, it)
+        plain.step()
+    plain.join()
+    zero = gt.ShardedOptimizer(torch.optim.SGD, list(reversed([("p%d" % i, p) for i, p in enumerate(sharded)])),
+                               composition="fusion=4MiB+shard", lr=0.5, momentum=0.5, uneven_inputs=True, learn_order=True)
+    before = zero.pool_offsets()
+    for it in range(steps):
+        zero.zero_grad()
+        backward(sharded, it)
+        zero.step()
+    js = zero.join()
+    assert js.shadowed == max([2, 0, 1, 3][:P]) - steps
+    assert zero._exchanger.generation == 1 and zero.pool_offsets() != before and zero.pool_offsets() == plain.pool_offsets()
+    w = zero._weights
+    for p, off in zip(reversed(sharded), zero.pool_offsets()):  # the parameters live in the moved pool
+        assert p.data_ptr() == w.data_ptr() + 4 * off
+    assert zero.state_bytes() == 4 * sum(e - f for f, e in zero._exchanger.shard())
+    for a, b in zip(full, sharded):
+        assert a.detach().numpy().tobytes() == b.detach().numpy().tobytes()
+    gt.verify_replicas([p.detach() for p in sharded])
+    plain.close()
+    zero.close()
