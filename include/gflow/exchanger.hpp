@@ -233,11 +233,13 @@ class basic_exchanger : private detail::iteration_state {
   [[nodiscard]] std::uint64_t shard_generation() const noexcept requires sharded { return shard_log_.generation; }
   /// Per-element state a trainer keeps for its shard (`state` packs shard()'s ranges of generation
   /// `from` back to back, e.g. momentum), moved to the current shard: collective, between iterations.
+  /// `state` is host memory on every transport; a device transport moves it over its host()
+  /// transport (gflow::mpi_device, gflow::inproc_device).
   [[nodiscard]] std::vector<float> move_shard_state(std::span<const float> state, std::uint64_t from)
     requires sharded && variable_transport<T>
   {
     between_iterations("move_shard_state");
-    return shard_log_.move(*t_, shards_, state, from);
+    return detail::sharding_steps::move_state(*this, state, from);
   }
   /// In place over `values` (laid out like the pool, pool_size() elements): this rank's shard of
   /// it goes to every rank and every other rank's shard comes back (an all-gather per bucket), e.g.

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <span>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -86,7 +88,31 @@ void run_rank(Transport& t, record& out) {
     } else {
       std::memcpy(pool.data(), ex.pool_data(), total * sizeof(float));
     }
-    out.pools.push_back(std::move(pool));
+    if constexpr (requires { ex.shard(); }) {
+      // Sharding<ReduceScatter>: the pool holds the average in this rank's shard only (elsewhere it
+      // is unspecified): recorded there, zeros elsewhere. Then gather_shards of a pool-shaped
+      // parameter buffer (this rank's values), recorded as it comes back.
+      std::vector<float> kept(total, 0.0f);
+      for (const gflow::pool_range g : ex.shard())
+        std::memcpy(kept.data() + g.begin, pool.data() + g.begin, g.size() * sizeof(float));
+      out.pools.push_back(std::move(kept));
+      std::vector<float> w(total);
+      for (std::size_t i = 0; i < total; ++i) w[i] = input(t.rank(), it + 100, i);
+      if constexpr (device) {
+        float* d = nullptr;
+        ok(cudaMalloc(&d, (total + 1) * sizeof(float)), "cudaMalloc of the gathered parameters");
+        const std::unique_ptr<float, decltype(&cudaFree)> guard(d, &cudaFree);
+        ok(cudaMemcpyAsync(d, w.data(), total * sizeof(float), cudaMemcpyHostToDevice, t.stream()), "H2D of the parameters");
+        ex.gather_shards(std::span<float>(d, total));
+        ok(cudaMemcpyAsync(w.data(), d, total * sizeof(float), cudaMemcpyDeviceToHost, t.stream()), "D2H of the parameters");
+        ok(cudaStreamSynchronize(t.stream()), "cudaStreamSynchronize");
+      } else {
+        ex.gather_shards(std::span<float>(w));
+      }
+      out.pools.push_back(std::move(w));
+    } else {
+      out.pools.push_back(std::move(pool));
+    }
     if constexpr (requires { ex.sparsifier().residual(); }) {
       auto r = ex.sparsifier().residual();
       std::vector<float> res(r.size());

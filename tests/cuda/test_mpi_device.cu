@@ -88,6 +88,8 @@ GFLOW_CUDA_TEST("mpi_device", mpi_device_exchanges_equal_host_and_inproc_device_
   compare<gflow::Exchanger<gflow::Fusion<(16 << 10)>, gflow::Overlap<gflow::Chained>>>(w, "Dense Overlap<Chained>", false);
   compare<gflow::Exchanger<gflow::Fusion<(16 << 10)>, gflow::Overlap<gflow::Concurrent<2>>>>(w, "Dense Overlap<Concurrent<2>>", false);
   compare<gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.01>>, gflow::Overlap<gflow::Funneled>>>(w, "GTopK Overlap<Funneled>", true);
+  // Sharding: MPI_Reduce_scatter's order is MPI's (the in-process run is required at 2 ranks only).
+  compare<gflow::Exchanger<gflow::Fusion<(16 << 10)>, gflow::Sharding<gflow::ReduceScatter>>>(w, "Dense Sharding<ReduceScatter>", false);
 }
 
 GFLOW_CUDA_TEST("mpi_device", mpi_device_refuses_bad_arguments) {

@@ -23,9 +23,11 @@
 // What composes (docs/GUIDE.md, "Sharding"): every Precision, every Fusion (with Fusion<Auto> the
 // shards move as the tuner re-plans: Exchanger::move_shard_state), every Overlap strategy, every
 // Topology (Ring, Hierarchical<g>, Hybrid<t, g>), no_sync, find_unused and learn_order (the shards
-// are cut from the learned layout, fixed at the first finish()), on host memory over the MPI and
-// in-process transports. Refused at compile time with the reason: a sparse Sparsifier, device
-// memory, and join(); uneven_inputs is refused at construction.
+// are cut from the learned layout, fixed at the first finish()), uneven_inputs (join(after_each)),
+// on host memory over the MPI and in-process transports and on device memory over their staged
+// twins (gflow::mpi_device, gflow::inproc_device; not yet run on a GPU). Refused at compile time
+// with the reason: a sparse Sparsifier, a transport without reduce_scatter (gflow::nccl::transport
+// so far), and join() without a step for the shard.
 #include <concepts>
 #include <type_traits>
 

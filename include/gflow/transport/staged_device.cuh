@@ -172,12 +172,37 @@ class staged_transport : public transport_base<device_memory> {
     up(recv, r, total);
   }
 
+  // Sharding<ReduceScatter> (gflow::sharding_transport); the counts are host arrays of size()
+  // entries, checked by Host.
+  /// Packed blocks of send, counts[q] elements for rank q; recv receives this rank's block of the
+  /// reduction (counts[rank()] elements).
+  template <wire_element T>
+  void reduce_scatter(const T* send, T* recv, const std::size_t* counts, reduce_op op) {
+    if (direct_) return run_direct([&] { host_.reduce_scatter(send, recv, counts, op); });
+    const T* h = down(send_, send, sum(counts));
+    const std::size_t mine = counts[rank()];
+    T* r = scratch<T>(recv_, mine);
+    host_.reduce_scatter(h, r, counts, op);
+    up(recv, r, mine);
+  }
+  /// In place over counts[0] + ... + counts[P-1] elements: rank q's block (after the blocks of the
+  /// ranks before it) to every rank. Staged, the whole buffer goes down and up.
+  template <wire_element T>
+  void all_gatherv_in_place(T* buf, const std::size_t* counts) {
+    in_place(buf, sum(counts), [&](T* h) { host_.all_gatherv_in_place(h, counts); });
+  }
+
   template <wire_element T> request iall_reduce(T* buf, std::size_t n, reduce_op op) { all_reduce(buf, n, op); return {}; }
   template <wire_element T> request iall_gather(const T* s, T* r, std::size_t n) { all_gather(s, r, n); return {}; }
   template <wire_element T> request ibroadcast(T* buf, std::size_t n, int root) { broadcast(buf, n, root); return {}; }
   template <wire_element T> request ireduce(T* buf, std::size_t n, reduce_op op, int root) { reduce(buf, n, op, root); return {}; }
   template <wire_element T> request isend(const T* buf, std::size_t n, int peer) { send(buf, n, peer); return {}; }
   template <wire_element T> request irecv(T* buf, std::size_t n, int peer) { recv(buf, n, peer); return {}; }
+  template <wire_element T>
+  request ireduce_scatter(const T* s, T* r, const std::size_t* counts, reduce_op op) {
+    reduce_scatter(s, r, counts, op);
+    return {};
+  }
   void wait(request&) {}
 
   /// The control channel (consistency checks at construction, exchanger/consistency.hpp): host

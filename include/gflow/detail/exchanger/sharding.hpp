@@ -24,13 +24,12 @@ namespace gflow::detail {
 /// are in exchanger/policy_set.hpp).
 template <class T, bool Sharded>
 struct sharding_checks {
-  static_assert(!Sharded || std::is_same_v<typename T::memory_space, host_memory>,
-                "gflow::Exchanger: Sharding<ReduceScatter> runs on host memory (the MPI and in-process transports) so far; "
-                "the device path (ncclReduceScatter / ncclAllGather) is not built yet. Drop Sharding on device memory.");
   static_assert(!Sharded || sharding_transport<T>,
                 "gflow::Exchanger: Sharding<ReduceScatter> needs a transport with reduce_scatter, ireduce_scatter and "
                 "all_gatherv_in_place (the concept gflow::sharding_transport, transport/transport.hpp): use "
-                "gflow::mpi::transport or gflow::inproc::transport, or add those members to yours.");
+                "gflow::mpi::transport or gflow::inproc::transport (host memory), gflow::mpi_device::transport or "
+                "gflow::inproc_device::transport (device memory), or add those members to yours. gflow::nccl::transport "
+                "has no reduce_scatter yet.");
   static constexpr bool ok = true;
 };
 
@@ -49,6 +48,21 @@ struct sharding_steps {
     w.reserve(ex.buckets_.size());
     for (const bucket& b : ex.buckets_) w.push_back(ex.engine_.template shard_ways<typename Ex::wire_type>(b.count));
     return w;
+  }
+
+  /// Exchanger::move_shard_state: the state is host memory on every transport, so a device
+  /// transport moves it over its host transport (host(): the staged device transports).
+  template <class Ex>
+  static std::vector<float> move_state(Ex& ex, std::span<const float> state, std::uint64_t from) {
+    using T = std::remove_reference_t<decltype(*ex.t_)>;
+    if constexpr (std::is_same_v<typename T::memory_space, host_memory>) {
+      return ex.shard_log_.move(*ex.t_, ex.shards_, state, from);
+    } else {
+      static_assert(requires { ex.t_->host(); },
+                    "gflow::Exchanger::move_shard_state on device memory moves the (host) state over the transport's host "
+                    "transport: give the device transport a host() member, as gflow::mpi_device and gflow::inproc_device have.");
+      return ex.shard_log_.move(ex.t_->host(), ex.shards_, state, from);
+    }
   }
 
   /// Cuts the shards from the buckets just planned (`first`: at construction).
