@@ -233,8 +233,7 @@ class basic_exchanger : private detail::iteration_state {
   [[nodiscard]] std::uint64_t shard_generation() const noexcept requires sharded { return shard_log_.generation; }
   /// Per-element state a trainer keeps for its shard (`state` packs shard()'s ranges of generation
   /// `from` back to back, e.g. momentum), moved to the current shard: collective, between iterations.
-  /// `state` is host memory on every transport; a device transport moves it over its host()
-  /// transport (gflow::mpi_device, gflow::inproc_device).
+  /// `state` is host memory on every transport (on device memory it is staged through the device).
   [[nodiscard]] std::vector<float> move_shard_state(std::span<const float> state, std::uint64_t from)
     requires sharded && variable_transport<T>
   {

@@ -14,7 +14,11 @@ using gtopk_fused_ex = gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.001>>, 
 using oktopk_ex = gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.001>>, fp16, gflow::Fusion<(1 << 20)>>::on<T>;
 // The training-loop features on device memory (no_sync, find_unused, learn_order, join): dense.
 using dense_ex = gflow::Exchanger<fp16, gflow::Fusion<(1 << 20)>, gflow::Overlap<gflow::Funneled>>::on<T>;
+// Sharding<ReduceScatter> over NCCL (ncclReduceScatter / ncclAllGather, or grouped ncclReduce / ncclBroadcast).
+using shard_ex = gflow::Exchanger<fp16, gflow::Fusion<(1 << 20)>, gflow::Sharding<gflow::ReduceScatter>>::on<T>;
 }  // namespace gflow_compile
+template class gflow::detail::basic_exchanger<gflow_compile::T, gflow_compile::shard_ex::policies>;
+static_assert(gflow::sharding_transport<gflow_compile::T>);
 // Every member, join() included (its constraint leaves it out of the sparse instantiations below).
 template class gflow::detail::basic_exchanger<gflow_compile::T, gflow_compile::dense_ex::policies>;
 
@@ -50,6 +54,10 @@ template void gflow::verify_replicas<gflow_compile::T>(gflow_compile::T&, std::s
 // all_gatherv as grouped ncclSend / ncclRecv), every element type the OkTopK engine moves
 // (tests/cuda/test_nccl.cu runs them through Sparsifier<OkTopK<d>>).
 static_assert(gflow::variable_transport<gflow_compile::T>);
-template void gflow_compile::T::all_to_all<std::uint64_t>(const std::uint64_t*, std::uint64_t*, std::size_t);
-template void gflow_compile::T::all_to_allv<std::uint8_t>(const std::uint8_t*, const std::size_t*, std::uint8_t*, const std::size_t*);
-template void gflow_compile::T::all_gatherv<std::uint8_t>(const std::uint8_t*, std::size_t, std::uint8_t*, const std::size_t*);
+// They and the sharding collectives are members of the transport's base (transport/nccl/grouped.hpp).
+using grouped = gflow::nccl::detail::grouped_collectives<gflow_compile::T>;
+template void grouped::all_to_all<std::uint64_t>(const std::uint64_t*, std::uint64_t*, std::size_t);
+template void grouped::all_to_allv<std::uint8_t>(const std::uint8_t*, const std::size_t*, std::uint8_t*, const std::size_t*);
+template void grouped::all_gatherv<std::uint8_t>(const std::uint8_t*, std::size_t, std::uint8_t*, const std::size_t*);
+template void grouped::reduce_scatter<gflow::half>(const gflow::half*, gflow::half*, const std::size_t*, gflow::reduce_op);
+template void grouped::all_gatherv_in_place<float>(float*, const std::size_t*);

@@ -196,6 +196,55 @@ void variable_collectives(transport& t) {
 }
 }  // namespace
 
+// Sharding<ReduceScatter>'s collectives (gflow::sharding_transport): a bucket of n elements split P
+// ways, n / P each and one more for the first n mod P ranks (one ncclReduce / ncclBroadcast per
+// block), and n a multiple of P (ncclReduceScatter / ncclAllGather). Small integers: exact sums.
+namespace {
+void shard_collectives(transport& t, std::size_t n) {
+  const int P = t.size(), me = t.rank();
+  const auto Pz = static_cast<std::size_t>(P);
+  std::vector<std::size_t> counts(Pz), at(Pz, 0);
+  for (std::size_t q = 0; q < Pz; ++q) counts[q] = n / Pz + (q < n % Pz ? 1 : 0);
+  for (std::size_t q = 1; q < Pz; ++q) at[q] = at[q - 1] + counts[q - 1];
+  const auto value = [](int rank, std::size_t j) { return static_cast<float>((static_cast<std::size_t>(rank) * 31 + j * 7) % 97); };
+  std::vector<float> send(n);
+  for (std::size_t j = 0; j < n; ++j) send[j] = value(me, j);
+  const std::size_t mine = counts[static_cast<std::size_t>(me)];
+  dbuf<float> ds(send), dr(std::vector<float>(mine + 3, -1.0f));
+  t.reduce_scatter(ds.p, dr.p, counts.data(), gflow::reduce_op::sum);
+  const auto got = dr.get();
+  bool good = true;
+  for (std::size_t j = 0; j < mine; ++j) {
+    float sum = 0;
+    for (int q = 0; q < P; ++q) sum += value(q, at[static_cast<std::size_t>(me)] + j);
+    good &= got[j] == sum;
+  }
+  const std::string what = "rank " + std::to_string(me) + " of " + std::to_string(P) + ", n = " + std::to_string(n);
+  EXPECT_MSG(good, what + ": reduce_scatter");
+  EXPECT_MSG(got[mine] == -1.0f && got[mine + 2] == -1.0f, what + ": reduce_scatter wrote past this rank's block");
+  // all_gatherv_in_place: each rank's block holds its own values; the rest is overwritten.
+  std::vector<float> buf(n, -2.0f);
+  for (std::size_t j = 0; j < mine; ++j) buf[at[static_cast<std::size_t>(me)] + j] = value(me, 1000 + j);
+  dbuf<float> db(buf);
+  t.all_gatherv_in_place(db.p, counts.data());
+  const auto all = db.get();
+  good = true;
+  for (std::size_t q = 0; q < Pz; ++q)
+    for (std::size_t j = 0; j < counts[q]; ++j) good &= all[at[q] + j] == value(static_cast<int>(q), 1000 + j);
+  EXPECT_MSG(good, what + ": all_gatherv_in_place");
+}
+}  // namespace
+
+GFLOW_CUDA_TEST("nccl", shard_collectives_on_every_visible_device) {
+  static_assert(gflow::sharding_transport<transport>);
+  auto ranks = transport::init_all(device_count());
+  run_ranks(ranks, [](transport& t) {
+    shard_collectives(t, 1000 * static_cast<std::size_t>(t.size()));      // equal blocks
+    shard_collectives(t, 1000 * static_cast<std::size_t>(t.size()) + 1);  // uneven (one more on rank 0)
+    shard_collectives(t, static_cast<std::size_t>(t.size()) / 2);         // empty blocks (P >= 2)
+  });
+}
+
 GFLOW_CUDA_TEST("nccl", oktopk_collectives_on_every_visible_device) {
   static_assert(gflow::variable_transport<transport>);
   auto ranks = transport::init_all(device_count());

@@ -24,10 +24,10 @@
 // shards move as the tuner re-plans: Exchanger::move_shard_state), every Overlap strategy, every
 // Topology (Ring, Hierarchical<g>, Hybrid<t, g>), no_sync, find_unused and learn_order (the shards
 // are cut from the learned layout, fixed at the first finish()), uneven_inputs (join(after_each)),
-// on host memory over the MPI and in-process transports and on device memory over their staged
-// twins (gflow::mpi_device, gflow::inproc_device; not yet run on a GPU). Refused at compile time
-// with the reason: a sparse Sparsifier, a transport without reduce_scatter (gflow::nccl::transport
-// so far), and join() without a step for the shard.
+// on host memory over the MPI and in-process transports, and on device memory over NCCL and the
+// staged device transports (gflow::mpi_device, gflow::inproc_device; the device path has not yet
+// run on a GPU). Refused at compile time with the reason: a sparse Sparsifier, a transport without
+// reduce_scatter, and join() without a step for the shard.
 #include <concepts>
 #include <type_traits>
 

@@ -19,7 +19,7 @@
 //
 // Semantics
 //   - Collectives are ncclAllReduce / ncclAllGather / ncclBroadcast / ncclReduce (in place) /
-//     ncclSend / ncclRecv on stream(). The i-forms enqueue the operation, record an event after
+//     ncclSend / ncclRecv / ncclReduceScatter on stream(). The i-forms enqueue the operation, record an event after
 //     it and return a request; wait(request) blocks the host until that event has completed.
 //     enqueue_wait(request, other_stream) makes another stream wait instead, without blocking.
 //     The blocking forms enqueue, then wait until the stream is drained.
@@ -54,9 +54,9 @@
 //   - Device: each operation makes the transport's device current for its duration, so a rank
 //     can be driven from any thread. Buffers must live on that device.
 //
-// The parts, one concern each, under transport/nccl/: check.hpp (<nccl.h>, NCCL's data types, the
-// check of every NCCL call), group.hpp (gflow::nccl::group, ownership), watchdog.hpp (the
-// communicator's watchdog: asynchronous errors, timeouts, abort; the base of the transport).
+// The parts under transport/nccl/: check.hpp (<nccl.h>, data types, the check of every NCCL call),
+// group.hpp (gflow::nccl::group, ownership), grouped.hpp with variable.hpp and shards.hpp (the
+// collectives NCCL has no single call for), watchdog.hpp (asynchronous errors, timeouts, abort).
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -72,7 +72,7 @@
 #include "../error.hpp"
 #include "nccl/check.hpp"
 #include "nccl/group.hpp"
-#include "nccl/variable.hpp"
+#include "nccl/grouped.hpp"
 #include "nccl/watchdog.hpp"
 #include "timeout.hpp"
 #include "transport.hpp"
@@ -81,7 +81,9 @@ namespace gflow::nccl {
 
 /// NCCL sums (and takes max / min of) every element type gflow moves: f32, f64, f16, bf16, i32,
 /// i64, u32, u64, u8 (transport_base's can_reduce).
-class transport : public detail::comm_watch, public transport_base<device_memory> {
+class transport : public detail::comm_watch, public transport_base<device_memory>, public detail::grouped_collectives<transport> {
+  friend class detail::grouped_collectives<transport>;
+
  public:
 
   /// Events in the ring that completes requests.
@@ -237,13 +239,8 @@ class transport : public detail::comm_watch, public transport_base<device_memory
     blocking("recv", [&] { return irecv(buf, n, peer); });
   }
 
-  // all_to_all / all_to_allv / all_gatherv (gflow::variable_transport): blocking, one group of ncclSend / ncclRecv per peer (nccl/variable.hpp).
-  template <wire_element T> void all_to_all(const T* s, T* r, std::size_t n) { exchange("all_to_all", s, r, detail::blocks::uniform(n, size_), detail::blocks::uniform(n, size_)); }
-  template <wire_element T> void all_to_allv(const T* s, const std::size_t* sc, T* r, const std::size_t* rc) { exchange("all_to_allv", s, r, detail::blocks::packed(sc, size_), detail::blocks::packed(rc, size_)); }
-  template <wire_element T> void all_gatherv(const T* s, std::size_t n, T* r, const std::size_t* c) { exchange("all_gatherv", s, r, detail::blocks::same(n, size_), detail::blocks::packed(c, size_)); }
-  template <class T> void exchange(const char* op, const T* s, T* r, const detail::blocks& sb, const detail::blocks& rb) {
-    blocking(op, [&] { return issue(op, "ncclSend / ncclRecv in a group", [&] { return detail::send_recv_blocks(s, r, sb, rb, comm_, stream()); }); });
-  }
+  // all_to_all / all_to_allv / all_gatherv, reduce_scatter / ireduce_scatter / all_gatherv_in_place:
+  // detail::grouped_collectives (nccl/grouped.hpp).
 
   /// Every rank of the group has reached the barrier (an allreduce of one int), and this rank's
   /// stream is drained.

@@ -1,6 +1,6 @@
 // build error: gflow::Exchanger: Sharding<ReduceScatter> needs a transport with reduce_scatter
 // build errors: 1
-// A transport without the members of gflow::sharding_transport (gflow::nccl::transport so far).
+// A transport of the user's without the members of gflow::sharding_transport.
 #include <gflow/exchanger.hpp>
 
 #include "fake_transports.hpp"

@@ -27,9 +27,8 @@ struct sharding_checks {
   static_assert(!Sharded || sharding_transport<T>,
                 "gflow::Exchanger: Sharding<ReduceScatter> needs a transport with reduce_scatter, ireduce_scatter and "
                 "all_gatherv_in_place (the concept gflow::sharding_transport, transport/transport.hpp): use "
-                "gflow::mpi::transport or gflow::inproc::transport (host memory), gflow::mpi_device::transport or "
-                "gflow::inproc_device::transport (device memory), or add those members to yours. gflow::nccl::transport "
-                "has no reduce_scatter yet.");
+                "gflow::mpi::transport or gflow::inproc::transport (host memory), gflow::nccl::transport, "
+                "gflow::mpi_device::transport or gflow::inproc_device::transport (device memory), or add those members to yours.");
   static constexpr bool ok = true;
 };
 
@@ -50,18 +49,28 @@ struct sharding_steps {
     return w;
   }
 
-  /// Exchanger::move_shard_state: the state is host memory on every transport, so a device
-  /// transport moves it over its host transport (host(): the staged device transports).
+  /// Exchanger::move_shard_state: the state is host memory on every transport. On device memory
+  /// its one all_to_allv goes through device buffers (uploaded, exchanged, downloaded).
   template <class Ex>
   static std::vector<float> move_state(Ex& ex, std::span<const float> state, std::uint64_t from) {
     using T = std::remove_reference_t<decltype(*ex.t_)>;
     if constexpr (std::is_same_v<typename T::memory_space, host_memory>) {
       return ex.shard_log_.move(*ex.t_, ex.shards_, state, from);
     } else {
-      static_assert(requires { ex.t_->host(); },
-                    "gflow::Exchanger::move_shard_state on device memory moves the (host) state over the transport's host "
-                    "transport: give the device transport a host() member, as gflow::mpi_device and gflow::inproc_device have.");
-      return ex.shard_log_.move(ex.t_->host(), ex.shards_, state, from);
+      struct through_device {
+        Ex& ex;
+        [[nodiscard]] int rank() const { return ex.t_->rank(); }
+        [[nodiscard]] int size() const { return ex.t_->size(); }
+        void all_to_allv(const float* send, const std::size_t* sc, float* recv, const std::size_t* rc) {
+          std::size_t ns = 0, nr = 0;
+          for (int q = 0; q < size(); ++q) ns += sc[q], nr += rc[q];
+          typename Ex::backend::template buffer<float> ds(ns + 1), dr(nr + 1);
+          ex.kernels_.upload(ds.data(), send, ns);
+          ex.t_->all_to_allv(ds.data(), sc, dr.data(), rc);
+          ex.kernels_.download(recv, dr.data(), nr);
+        }
+      } t{ex};
+      return ex.shard_log_.move(t, ex.shards_, state, from);
     }
   }
 
