@@ -38,6 +38,7 @@ inline float input(int r, int it, std::size_t i) {
 
 struct record {
   std::vector<std::vector<float>> pools, residuals;  // per iteration
+  std::vector<std::vector<float>> gathered;          // Sharding: gather_shards' result, per iteration
   std::vector<std::size_t> nonfinite;
   std::string checkpoint;  // save_state after iteration 2 (then loaded back before iteration 3)
 };
@@ -109,7 +110,7 @@ void run_rank(Transport& t, record& out) {
       } else {
         ex.gather_shards(std::span<float>(w));
       }
-      out.pools.push_back(std::move(w));
+      out.gathered.push_back(std::move(w));
     } else {
       out.pools.push_back(std::move(pool));
     }
@@ -146,7 +147,8 @@ inline bool same_bytes(const std::vector<float>& a, const std::vector<float>& b,
 
 /// Checks that b recorded the same bytes as a (rank r's exchange `what`), iteration by iteration.
 inline void expect_same_records(const record& a, const record& b, const std::string& what, int r) {
-  EXPECT_MSG(a.pools.size() == b.pools.size() && a.residuals.size() == b.residuals.size(), what + ": iteration counts");
+  EXPECT_MSG(a.pools.size() == b.pools.size() && a.residuals.size() == b.residuals.size() && a.gathered.size() == b.gathered.size(),
+             what + ": iteration counts");
   for (std::size_t it = 0; it < a.pools.size() && it < b.pools.size(); ++it) {
     const std::string at_it = what + " rank " + std::to_string(r) + " iteration " + std::to_string(it);
     std::size_t at = 0;
@@ -157,19 +159,24 @@ inline void expect_same_records(const record& a, const record& b, const std::str
       EXPECT_MSG(!a.checkpoint.empty() && a.checkpoint == b.checkpoint, what + " rank " + std::to_string(r) + ": save_state bytes differ");
     if (it < a.residuals.size() && it < b.residuals.size())
       EXPECT_MSG(same_bytes(a.residuals[it], b.residuals[it], &at), at_it + ": residuals differ at " + std::to_string(at));
+    if (it < a.gathered.size() && it < b.gathered.size())
+      EXPECT_MSG(same_bytes(a.gathered[it], b.gathered[it], &at), at_it + ": gather_shards results differ at " + std::to_string(at));
   }
 }
 
 /// True when b recorded the same bytes as a (no check counted): for comparisons that are reported
 /// rather than required.
 inline bool same_records(const record& a, const record& b) {
-  if (a.pools.size() != b.pools.size() || a.residuals.size() != b.residuals.size() || a.nonfinite != b.nonfinite || a.checkpoint != b.checkpoint)
+  if (a.pools.size() != b.pools.size() || a.residuals.size() != b.residuals.size() || a.gathered.size() != b.gathered.size() ||
+      a.nonfinite != b.nonfinite || a.checkpoint != b.checkpoint)
     return false;
   std::size_t at = 0;
   for (std::size_t it = 0; it < a.pools.size(); ++it)
     if (!same_bytes(a.pools[it], b.pools[it], &at)) return false;
   for (std::size_t it = 0; it < a.residuals.size(); ++it)
     if (!same_bytes(a.residuals[it], b.residuals[it], &at)) return false;
+  for (std::size_t it = 0; it < a.gathered.size(); ++it)
+    if (!same_bytes(a.gathered[it], b.gathered[it], &at)) return false;
   return true;
 }
 

@@ -54,7 +54,7 @@ class transport : public gflow::detail::cuda::staged_transport<inproc::transport
   friend base;
   transport(inproc::transport host, int device, typename base::split_tag s) : base(std::move(host), device, std::move(s)) {}
 };
-static_assert(gflow::transport<transport> && gflow::variable_transport<transport>);
+static_assert(gflow::transport<transport> && gflow::variable_transport<transport> && gflow::sharding_transport<transport>);
 
 /// Runs fn(transport&) on `ranks` threads, all on CUDA device `device`, one stream each, and
 /// rethrows the first exception (lowest rank) after every thread has ended.

@@ -111,6 +111,6 @@ class transport : public gflow::detail::cuda::staged_transport<gflow::mpi::trans
     return p == path::direct || (p == path::automatic && aware);
   }
 };
-static_assert(gflow::transport<transport> && gflow::variable_transport<transport>);
+static_assert(gflow::transport<transport> && gflow::variable_transport<transport> && gflow::sharding_transport<transport>);
 
 }  // namespace gflow::mpi_device

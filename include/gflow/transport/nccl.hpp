@@ -442,6 +442,6 @@ class transport : public detail::comm_watch, public transport_base<device_memory
   std::uint64_t next_seq_ = 1;
   std::uint64_t done_seq_ = 0;
 };
-static_assert(gflow::transport<transport> && gflow::variable_transport<transport>);
+static_assert(gflow::transport<transport> && gflow::variable_transport<transport> && gflow::sharding_transport<transport>);
 
 }  // namespace gflow::nccl

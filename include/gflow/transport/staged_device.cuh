@@ -37,11 +37,24 @@
 namespace gflow::detail::cuda {
 
 /// A growable host staging buffer, page-locked (cudaMallocHost) or pageable. Copies start empty
-/// (the contents are scratch) and keep the kind.
+/// (the contents are scratch) and keep the kind; a move takes the memory along, so a moved-from
+/// transport (which has no stream left to wait for) frees nothing an upload may still read.
 class staging_buffer {
  public:
   explicit staging_buffer(bool pinned) : pinned_(pinned) {}
   staging_buffer(const staging_buffer& o) noexcept : pinned_(o.pinned_) {}
+  staging_buffer(staging_buffer&& o) noexcept
+      : pinned_(o.pinned_), p_(std::exchange(o.p_, nullptr)), cap_(std::exchange(o.cap_, 0)), pageable_(std::move(o.pageable_)) {}
+  staging_buffer& operator=(staging_buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      pinned_ = o.pinned_;
+      p_ = std::exchange(o.p_, nullptr);
+      cap_ = std::exchange(o.cap_, 0);
+      pageable_ = std::move(o.pageable_);
+    }
+    return *this;
+  }
   staging_buffer& operator=(const staging_buffer& o) noexcept {
     if (this != &o) {
       release();
