@@ -19,8 +19,9 @@
 //
 // Semantics
 //   - Collectives are ncclAllReduce / ncclAllGather / ncclBroadcast / ncclReduce (in place) /
-//     ncclSend / ncclRecv / ncclReduceScatter on stream(). The i-forms enqueue the operation, record an event after
-//     it and return a request; wait(request) blocks the host until that event has completed.
+//     ncclSend / ncclRecv / ncclReduceScatter on stream(). The i-forms enqueue the operation,
+//     record an event after it and return a request; wait(request) blocks the host until that
+//     event has completed.
 //     enqueue_wait(request, other_stream) makes another stream wait instead, without blocking.
 //     The blocking forms enqueue, then wait until the stream is drained.
 //   - Events come from a fixed ring created with the transport (event_ring_size), so an

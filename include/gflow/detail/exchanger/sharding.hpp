@@ -63,7 +63,10 @@ struct sharding_steps {
         [[nodiscard]] int size() const { return ex.t_->size(); }
         void all_to_allv(const float* send, const std::size_t* sc, float* recv, const std::size_t* rc) {
           std::size_t ns = 0, nr = 0;
-          for (int q = 0; q < size(); ++q) ns += sc[q], nr += rc[q];
+          for (int q = 0; q < size(); ++q) {
+            ns += sc[q];
+            nr += rc[q];
+          }
           typename Ex::backend::template buffer<float> ds(ns + 1), dr(nr + 1);
           ex.kernels_.upload(ds.data(), send, ns);
           ex.t_->all_to_allv(ds.data(), sc, dr.data(), rc);
