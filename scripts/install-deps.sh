@@ -8,7 +8,7 @@ set -euo pipefail
 # pybind11-dev, python3-dev, python3-torch, python3-numpy, python3-pytest: the Python front end
 # gflow.torch (python/) and its tests (optional to the build: CMake skips the module without them);
 # python3-mpi4py is not needed by gflow.torch (it initialises MPI itself) but coexists with it.
-# libfmt-dev: {fmt}, used header-only for the error texts (gflow::gflow requires it).
+# libfmt-dev: {fmt}, the error texts (gflow::gflow links fmt::fmt).
 # libsimgrid-dev: SimGrid's SMPI (smpicxx, smpirun): bench/simulate.sh's simulated clusters and the
 # ctest sim_bitwise_16 (optional to the build: without it that test is not registered).
 # libclang-rt-14-dev: libFuzzer and the sanitizer runtimes for clang (only recommended by clang-14).
