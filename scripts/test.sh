@@ -2,8 +2,9 @@
 # Every test on a fresh machine: install what is needed, then
 #   1. a Release build of everything (CUDA targets compile when nvcc is present; they run only
 #      where a GPU is, and report "skipped" elsewhere) and the whole ctest suite, the libtorch CNN
-#      trainer's short trainings included (torch_*; "skipped" where libtorch-dev is missing);
-#   2. the host and MPI tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
+#      trainer's short trainings included (torch_*; "skipped" where libtorch-dev is missing), but
+#      the host unit suite (gflow_tests, ctest 'unit'), which stage 2 builds and runs;
+#   2. the host unit suite and the MPI tests under AddressSanitizer + UndefinedBehaviorSanitizer;
 #   3. the libFuzzer targets (Clang): their kept corpora, then a short fuzz run of each;
 #   4. the threaded parts (in-process transport, exchanger on thread ranks) under ThreadSanitizer.
 # Every ctest call passes --no-tests=error: a stage whose filter matches no test fails, never passes
@@ -35,14 +36,18 @@ step "release build + full test suite"
 # as long at -O0 (tests/cuda/test_device_sparse.cu: 137 s against 67); the device code is optimised
 # as always (cicc and ptxas do not read -O). scripts/gpu-check.sh's builds keep -O3.
 # GFLOW_REQUIRE_TESTS: a package missing here fails the configure instead of leaving its tests out.
+# GFLOW_BUILD_UNIT_TESTS=OFF: the host unit suite is compiled and run once, in the sanitizer stage
+# (the same test cases; compiling them at -O3 too took about 8 of this run's minutes).
 cmake -S "$root" -B "$out/release" -DCMAKE_BUILD_TYPE=Release -DGFLOW_CUDA_ARCHITECTURES=90 -DGFLOW_REQUIRE_TESTS=ON \
-  -DCMAKE_CUDA_FLAGS_RELEASE="-O0 -DNDEBUG" >/dev/null
+  -DGFLOW_BUILD_UNIT_TESTS=OFF -DCMAKE_CUDA_FLAGS_RELEASE="-O0 -DNDEBUG" >/dev/null
 cmake --build "$out/release" -j"$jobs"
 ctest --test-dir "$out/release" --output-on-failure --no-tests=error -j"$jobs" | tee "$out/release/ctest.out"
 report_skipped "$out/release" "$out/release/ctest.out"
+echo "not built here: the host unit suite (gflow_tests, ctest 'unit'); the next stage builds and runs it under ASan + UBSan"
 
 step "ASan + UBSan: unit and MPI tests"
-cmake -S "$root" -B "$out/asan" -DCMAKE_BUILD_TYPE=Debug -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_BUILD_BENCH=OFF \
+# -g1: line tables only (the sanitizers' reports keep file:line), cheaper to compile than -g.
+cmake -S "$root" -B "$out/asan" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_BUILD_BENCH=OFF \
   -DGFLOW_BUILD_EXAMPLES=OFF -DGFLOW_SANITIZE=address,undefined >/dev/null
 # gflow_mpi_tests by name: without MPI the build fails here, rather than the stage passing with no MPI test.
 cmake --build "$out/asan" -j"$jobs" --target gflow_tests gflow_mpi_tests
@@ -58,7 +63,7 @@ step "libFuzzer: kept corpora, then ${GFLOW_FUZZ_SECONDS:-10} s per target (spar
 GFLOW_FUZZ_BUILD="$out/fuzz" bash "$root/scripts/fuzz.sh" "${GFLOW_FUZZ_SECONDS:-10}"
 
 step "TSan: threaded parts"
-cmake -S "$root" -B "$out/tsan" -DCMAKE_BUILD_TYPE=Debug -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_BUILD_BENCH=OFF \
+cmake -S "$root" -B "$out/tsan" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_BUILD_BENCH=OFF \
   -DGFLOW_BUILD_EXAMPLES=OFF -DGFLOW_SANITIZE=thread >/dev/null
 cmake --build "$out/tsan" -j"$jobs" --target gflow_threaded_tests
 TSAN_OPTIONS="halt_on_error=1" ctest --test-dir "$out/tsan" --output-on-failure --no-tests=error -R '^unit_threaded$'
