@@ -1,6 +1,6 @@
 # gflow_add_python_composition(NAME <name> POLICIES <C++ policy>...)
 #
-# Compiles one more composition into the Python module gflow._gflow (gflow.torch): a composition
+# Compiles one more composition into gflow.torch's library (libgflow_capi.so): a composition
 # the module's menu (python/src/menu_*.cpp) does not hold. Compile-time specialisation stays the
 # design: the module holds exactly the compositions compiled into it, each a template
 # instantiation of gflow::Exchanger<...>::on<gflow::mpi::transport>. After the build,

@@ -1,7 +1,7 @@
 #pragma once
 // The Python module's view of one exchanger: a small virtual interface over
 // gflow::Exchanger<...>::on<gflow::mpi::transport>, one implementation per composition compiled
-// into the module (menu_*.cpp, gflow_add_python_composition). Free of pybind11 and torch, so the
+// into the module (menu_*.cpp, gflow_add_python_composition). Free of Python and torch, so the
 // composition translation units compile against gflow and MPI only.
 //
 // A composition is found by name. Its name is derived from its policy types (composition_name<Set>):

@@ -15,6 +15,6 @@ def pytest_unconfigure(config):
     if _failed:
         sys.stdout.flush()
         sys.stderr.flush()
-        from gflow import _gflow
-        if _gflow.initialized():
-            _gflow.abort(1)
+        from gflow import _capi
+        if _capi.initialized():
+            _capi.abort(1)

@@ -22,20 +22,20 @@ import io
 import torch
 
 from .. import errors
-from .. import _gflow
+from .. import _capi
 from .optimizer import CSCSGD, DistributedOptimizer, ShardedOptimizer, _live  # noqa: F401
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "compositions", "canonical_name", "DistributedOptimizer", "ShardedOptimizer", "CSCSGD", "timeline",
            "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allreduce_average_", "verify_replicas",
            "Timeline", "errors"]
 
-Timeline = _gflow.Timeline
+Timeline = _capi.Timeline
 
 
 def init():
     """Initialises MPI (unless something else did) and gflow's world transport. Collective."""
-    if not _gflow.initialized():
-        _gflow.init()
+    if not _capi.initialized():
+        _capi.init()
         atexit.register(shutdown)
 
 
@@ -43,29 +43,29 @@ def shutdown():
     """Closes every DistributedOptimizer's exchanger, then finalises MPI (if init() initialised it)."""
     for opt in list(_live):
         opt._close()
-    _gflow.finalize()
+    _capi.finalize()
 
 
 def is_initialized():
-    return _gflow.initialized()
+    return _capi.initialized()
 
 
 def rank():
-    return _gflow.rank()
+    return _capi.rank()
 
 
 def size():
-    return _gflow.size()
+    return _capi.size()
 
 
 def compositions():
     """{name: C++ policies} of the compositions compiled into the module."""
-    return dict(_gflow.compositions())
+    return dict(_capi.compositions())
 
 
 def canonical_name(name):
     """The menu spelling of a composition name: families in order, defaults left out."""
-    return _gflow.canonical_name(name)
+    return _capi.canonical_name(name)
 
 
 def _as_buffer(t):
@@ -102,10 +102,10 @@ def broadcast_parameters(params, root_rank=0):
             if t.numel() == 0:
                 continue
             if t.is_contiguous():
-                _gflow.broadcast_(_as_buffer(t), root_rank)
+                _capi.broadcast_(_as_buffer(t), root_rank)
             else:
                 c = t.contiguous()
-                _gflow.broadcast_(_as_buffer(c), root_rank)
+                _capi.broadcast_(_as_buffer(c), root_rank)
                 t.copy_(c)
 
 
@@ -116,7 +116,7 @@ def broadcast_object(obj, root_rank=0):
         buf = io.BytesIO()
         torch.save(obj, buf)
         data = buf.getvalue()
-    data = _gflow.broadcast_bytes(data, root_rank)
+    data = _capi.broadcast_bytes(data, root_rank)
     return torch.load(io.BytesIO(data))
 
 
@@ -131,10 +131,10 @@ def allreduce_average_(tensor):
     """The average over the ranks of a float32 CPU tensor, in place (e.g. batch norm statistics)."""
     with torch.no_grad():
         if tensor.is_contiguous():
-            _gflow.allreduce_average_(_as_buffer(tensor))
+            _capi.allreduce_average_(_as_buffer(tensor))
         else:
             c = tensor.contiguous()
-            _gflow.allreduce_average_(_as_buffer(c))
+            _capi.allreduce_average_(_as_buffer(c))
             tensor.copy_(c)
 
 
@@ -143,7 +143,7 @@ def verify_replicas(params):
     tensor whose bits differ between ranks. Collective."""
     named = [(n, t) for n, t in _tensors(params) if t.dtype == torch.float32 and t.numel() > 0]
     flat = torch.cat([t.detach().reshape(-1) for _, t in named]) if named else torch.zeros(0)
-    _gflow.verify_replicas(flat.numpy(), [n for n, _ in named], [t.numel() for _, t in named])
+    _capi.verify_replicas(flat.numpy(), [n for n, _ in named], [t.numel() for _, t in named])
 
 
 @contextlib.contextmanager

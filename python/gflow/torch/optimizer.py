@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from .. import errors
-from .. import _gflow
+from .. import _capi
 
 _live = weakref.WeakSet()  # open DistributedOptimizers, closed before MPI_Finalize (gflow.torch.shutdown)
 
@@ -50,7 +50,7 @@ class _DistributedOptimizer:
                               "pass model.named_parameters() of the whole model the optimizer trains.")
         self._names = [n for n, _ in named]
         self._gparams = [p for _, p in named]
-        self._exchanger = _gflow.Exchanger(composition, self._names, [list(p.shape) for p in self._gparams],
+        self._exchanger = _capi.Exchanger(composition, self._names, [list(p.shape) for p in self._gparams],
                                            find_unused=find_unused, learn_order=learn_order, uneven_inputs=uneven_inputs,
                                            threshold_bytes=threshold_bytes)
         self._exchanger.configure(float(sparsifier_momentum), int(warmup))
@@ -385,7 +385,7 @@ class _ShardedStep(torch.optim.Optimizer):
         ex = self._exchanger
         set_dir = _set_dir(root, ex.iteration)
         os.makedirs(set_dir, exist_ok=True)
-        side = os.path.join(set_dir, "optim-%d.pt" % _gflow.rank())
+        side = os.path.join(set_dir, "optim-%d.pt" % _capi.rank())
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.inner.param_groups]
         torch.save({"keys": keys, "scalars": scalars, "groups": groups}, side + ".tmp")
         os.replace(side + ".tmp", side)  # before the rank file, as the shard file: a complete set has both
