@@ -288,6 +288,10 @@ class Exchanger:
                                        int(bool(average)), -1 if threshold_bytes is None else int(threshold_bytes), ctypes.byref(handle)))
         self._handle = handle
         self._timeline = None
+        # Fixed by the composition's type: read once.
+        name, dense, sharded = _cstr(), _i32(), _i32()
+        _call(_lib.gflow_describe(handle, ctypes.byref(name), ctypes.byref(dense), ctypes.byref(sharded)))
+        self.name, self.dense, self.sharded = _text(name.value), bool(dense.value), bool(sharded.value)
 
     def __del__(self):
         if getattr(self, "_handle", None) and _lib is not None:
@@ -352,23 +356,6 @@ class Exchanger:
     @property
     def iteration(self):
         return self._counters()[1]
-
-    def _describe(self):
-        name, dense, sharded = _cstr(), _i32(), _i32()
-        _call(_lib.gflow_describe(self._handle, ctypes.byref(name), ctypes.byref(dense), ctypes.byref(sharded)))
-        return _text(name.value), bool(dense.value), bool(sharded.value)
-
-    @property
-    def name(self):
-        return self._describe()[0]
-
-    @property
-    def dense(self):
-        return self._describe()[1]
-
-    @property
-    def sharded(self):
-        return self._describe()[2]
 
     def shard(self):
         """This rank's shard: (first, end) pool elements per bucket (sharded compositions)."""
