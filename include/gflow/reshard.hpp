@@ -146,7 +146,9 @@ void load_resharded(Ex& ex, std::span<std::istream* const> old) {
   const std::vector<detail::checkpoint_image> imgs = detail::read_set(old, &mine, &ex.layout());
   const auto set = detail::order_set(imgs);
   std::stringstream buf(std::ios::in | std::ios::out | std::ios::binary);
-  detail::write_resharded(set, static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(size), {ex.options().average}, buf);
+  detail::reshard_options opt;  // named, not a braced argument: nvcc's host pass (CUDA 13, g++ 12) refuses {bool} there
+  opt.average = ex.options().average;
+  detail::write_resharded(set, static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(size), opt, buf);
   ex.load_state(buf);
 }
 
