@@ -9,6 +9,7 @@
 #   bash scripts/demo.sh --full          # every composition of the convergence study, 10 epochs
 #   bash scripts/demo.sh --torch         # the libtorch CNN (examples/torch) instead of the MLP, 3 epochs
 #   bash scripts/demo.sh --python        # the same CNN in plain PyTorch + gflow.torch (examples/python/train.py), 3 epochs
+#   bash scripts/demo.sh --python --device cuda   # that on the GPU (2 ranks; says so and trains nothing where there is none)
 #   bash scripts/demo.sh --bench [...]   # the exchange benchmark instead (bench/run exchange, ResNet-50)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,6 +17,7 @@ epochs=2
 full=0
 torch=0
 python=0
+device=cpu
 while (($#)); do
   case "$1" in
     --bench) shift; bash "$root/scripts/install-deps.sh"; exec "$root/bench/run" exchange --layout resnet50 --ranks 4 --quick "$@" ;;
@@ -23,10 +25,13 @@ while (($#)); do
     --torch) torch=1; epochs=3; shift ;;
     --python) python=1; epochs=3; shift ;;
     --epochs) epochs="${2:-}"; shift 2 ;;
-    *) echo "demo.sh: unknown option '$1' (use --epochs N, --full, --torch, --python or --bench)" >&2; exit 2 ;;
+    --device) device="${2:-}"; shift 2 ;;
+    *) echo "demo.sh: unknown option '$1' (use --epochs N, --full, --torch, --python [--device cuda] or --bench)" >&2; exit 2 ;;
   esac
 done
 if ! [[ "$epochs" =~ ^[1-9][0-9]*$ ]]; then echo "demo.sh: --epochs needs a positive integer, got '$epochs'" >&2; exit 2; fi
+if [[ "$device" != cpu && "$device" != cuda ]]; then echo "demo.sh: --device takes cpu or cuda, got '$device'" >&2; exit 2; fi
+if [[ "$device" == cuda && "$python" == 0 ]]; then echo "demo.sh: --device cuda goes with --python (the C++ trainers run on the CPU)" >&2; exit 2; fi
 
 bash "$root/scripts/install-deps.sh"
 build="${GFLOW_DEMO_BUILD:-$root/build-demo}"
@@ -42,11 +47,34 @@ if ((python)); then
   # gflow.torch: the module (one build of the menu), then train.py over a few compositions.
   comps=(dense fp16 csc=4096:15 topk=0.01 "fp16+fusion=4MiB+topk=0.01+funneled")
   echo "demo: building the Python module gflow.torch in $build" >&2
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGFLOW_ENABLE_CUDA=OFF -DGFLOW_BUILD_TESTS=OFF -DGFLOW_BUILD_BENCH=OFF >/dev/null
-  cmake --build "$build" -j"$(nproc)" --target gflow_python >/dev/null
+  cuda=OFF target=gflow_python
+  if [[ "$device" == cuda ]]; then cuda=ON target=gflow_python_cuda; fi
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGFLOW_ENABLE_CUDA=$cuda -DGFLOW_BUILD_TESTS=OFF -DGFLOW_BUILD_BENCH=OFF >/dev/null
+  targets="$(cmake --build "$build" --target help)"
+  if [[ "$device" == cuda && "$targets" != *gflow_python_cuda* ]]; then
+    echo "demo: --device cuda needs nvcc and NCCL (CUDA toolkit in /usr/local/cuda); this machine has no CUDA build of gflow.torch: nothing trained." >&2
+    exit 0
+  fi
+  cmake --build "$build" -j"$(nproc)" --target gflow_python $target >/dev/null
   export OMPI_MCA_rmaps_base_oversubscribe=1 PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
   mpi_flags=(--bind-to none)
   if [[ "$(id -u)" == 0 ]]; then mpi_flags+=(--allow-run-as-root); fi
+  if [[ "$device" == cuda ]]; then
+    # One epoch per composition on the GPU, 2 ranks (each on the node-local GPU; two ranks on one GPU
+    # exchange through the device MPI transport). train.py says why and exits 77 where there is no GPU.
+    # GFLOW_PYTHON: the interpreter with a CUDA torch (default: python3 on PATH).
+    for c in dense "fp16+fusion=4MiB+topk=0.01+funneled"; do
+      echo "demo: python train.py --device cuda --composition $c, 2 ranks, $epochs epochs" >&2
+      rc=0
+      mpiexec "${mpi_flags[@]}" -n 2 "${GFLOW_PYTHON:-python3}" "$root/examples/python/train.py" --device cuda --composition "$c" --epochs "$epochs" \
+        | tee "$build/demo_cuda_${c//[^a-z0-9]/_}.log" >&2 || rc=$?
+      if ((rc == 77)); then echo "demo: no GPU on this machine: nothing trained on CUDA (see the line above)." >&2; exit 0; fi
+      ((rc == 0)) || exit "$rc"
+    done
+    echo >&2
+    grep -h '^RESULT ' "$build"/demo_cuda_*.log
+    exit 0
+  fi
   for c in "${comps[@]}"; do
     echo "demo: python train.py --composition $c, 4 ranks, $epochs epochs" >&2
     mpiexec "${mpi_flags[@]}" -n 4 /usr/bin/python3 "$root/examples/python/train.py" --composition "$c" --epochs "$epochs" | tee "$build/demo_python_${c//[^a-z0-9]/_}.log" >&2

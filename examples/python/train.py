@@ -2,6 +2,11 @@
 """The libtorch trainer's CNN (examples/torch/cnn.cpp) on Fashion-MNIST in plain PyTorch + gflow.torch.
 
     mpiexec -n 4 /usr/bin/python3 examples/python/train.py --composition "fp16+fusion=4MiB+topk=0.01+funneled"
+    mpiexec -n 2 python3 examples/python/train.py --device cuda     # each rank on its node-local GPU
+
+--device cuda trains on gflow.torch.device() (the node-local rank's GPU) with the exchanger on device
+memory: NCCL when every rank has a GPU of its own, else MPI through host buffers (--transport).
+Where no GPU or no CUDA build of gflow.torch is there, it says so and exits 77 (skipped).
 
 Data: Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist, the files the C++
 trainers read; offline). PYTHONPATH must reach the gflow package (<build>/python, or pip install .).
@@ -90,10 +95,24 @@ def main():
     ap.add_argument("--check-acc", type=float, default=-1.0, help="exit 3 unless the final accuracy reaches this and the loss fell")
     ap.add_argument("--timeline", default="", help="write a Chrome trace of the exchanges of the first epoch")
     ap.add_argument("--csv", default="")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="train on the CPU or on gflow.torch.device()'s GPU")
+    ap.add_argument("--transport", choices=("auto", "nccl", "mpi"), default="auto", help="the device transport (--device cuda)")
     a = ap.parse_args()
 
     torch.set_num_threads(1)  # several ranks share the machine's cores, as the C++ trainer does
-    gt.init()
+    built, gpus, why = (False, 0, "")
+    if a.device == "cuda":
+        gt.init(transport=a.transport, device="cpu")
+        built, gpus, why = gt.cuda_support()
+        if not (built and gpus > 0 and torch.cuda.is_available()):
+            if gt.rank() == 0:
+                print("train.py --device cuda: skipped, no GPU to train on here (%s)." % (
+                    why or "gflow sees %d CUDA devices, torch.cuda.is_available() is %s" % (gpus, torch.cuda.is_available())), flush=True)
+            return 77
+        gt.init(transport=a.transport)  # the node-local rank's GPU
+    else:
+        gt.init(device="cpu")
+    dev = gt.device()
     P, R = gt.size(), gt.rank()
     if a.list:
         if R == 0:
@@ -112,7 +131,8 @@ def main():
     steps = len(shard) // (a.batch * a.accumulate)
 
     torch.manual_seed(a.seed)  # the same initial weights on every rank (and broadcast below)
-    model = Net(a.unused_branch)
+    model = Net(a.unused_branch).to(dev)
+    xtr, ytr, xte, yte = xtr.to(dev), ytr.to(dev), xte.to(dev), yte.to(dev)
     comp = gt.canonical_name(a.composition)
     csc = comp.startswith("csc=") or "+csc=" in comp
     warmup = a.warmup_iters if a.warmup_iters >= 0 else steps // 2
@@ -132,14 +152,15 @@ def main():
     good = 0
     name = "python:" + opt.composition
     if R == 0:
-        print("[%s] CNN, %d ranks, batch %d per rank, %d iterations per epoch, lr %g, momentum %g" % (name, P, a.batch, steps, a.lr, a.momentum), flush=True)
+        print("[%s] CNN, %d ranks, batch %d per rank, %d iterations per epoch, lr %g, momentum %g, on %s%s" % (
+            name, P, a.batch, steps, a.lr, a.momentum, dev, " over " + gt.device_transport() if dev.type == "cuda" else ""), flush=True)
     csv = open(a.csv, "w") if a.csv and R == 0 else None
     if csv:
         csv.write("name,epoch,test_acc,test_loss,train_loss,ms_per_iter,bytes_per_iter,skipped\n")
     losses, total_ms, total_iters, total_bytes, acc, skipped = [], 0.0, 0, 0.0, 0.0, 0
     for epoch in range(a.epochs):
         g = np.random.default_rng(a.seed * 1000003 + epoch * 7919 + R)
-        order = torch.from_numpy(shard[g.permutation(len(shard))].astype(np.int64))
+        order = torch.from_numpy(shard[g.permutation(len(shard))].astype(np.int64)).to(dev)
         model.train()
         loss_sum, wire, t_iter = 0.0, 0, 0.0
         trace = gt.timeline(opt, a.timeline) if a.timeline and epoch == 0 else None
@@ -187,7 +208,7 @@ def main():
             out = model(xte[lo:hi])
             correct = float((out.argmax(1) == yte[lo:hi]).sum())
             tl = float(F.cross_entropy(out, yte[lo:hi], reduction="sum"))
-        v = torch.tensor([loss_sum, float(steps), correct, tl, t_iter, float(wire)], dtype=torch.float32)
+        v = torch.tensor([loss_sum, float(steps), correct, tl, t_iter, float(wire)], dtype=torch.float32)  # on the CPU
         gt.allreduce_average_(v)
         v *= P
         acc = 100.0 * float(v[2]) / xte.shape[0]

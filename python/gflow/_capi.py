@@ -1,9 +1,13 @@
-"""gflow's exchangers over MPI, through the C ABI of libgflow_capi.so (python/src/capi.h) and ctypes.
+"""gflow's exchangers over MPI and NCCL, through the C ABI of libgflow_capi.so (python/src/capi.h) and ctypes.
 
 gflow.torch is the interface; this module is its binding. The library depends on no Python version,
 so one build loads in any Python 3 with NumPy (and torch, for gflow.torch). ctypes releases the GIL
 around every call into the library. Buffers cross without a copy: pool() is a NumPy array over the
-exchanger's own memory, and it keeps the exchanger alive.
+exchanger's own memory (a device exchanger's: an object with __cuda_array_interface__, which
+torch.as_tensor wraps), and it keeps the exchanger alive.
+
+Which library: GFLOW_CAPI_LIBRARY when set; else libgflow_capi_cuda.so (the host menu and the device
+menu) when it sits next to this file and loads; else libgflow_capi.so (host memory only).
 """
 import ctypes
 import os
@@ -29,18 +33,35 @@ class _Join(ctypes.Structure):
 _STEP = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_Status), ctypes.c_void_p)
 
 
-def _library_path():
+_cuda_unloaded = ""  # why libgflow_capi_cuda.so was not loaded (empty: it was, or it is not there)
+
+
+def _open(path):
+    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # RTLD_GLOBAL: Open MPI's plugins resolve MPI's symbols through it
+
+
+def _open_library():
+    global _cuda_unloaded
+    explicit = os.environ.get("GFLOW_CAPI_LIBRARY")
     here = os.path.dirname(os.path.abspath(__file__))
-    return os.environ.get("GFLOW_CAPI_LIBRARY") or os.path.join(here, "libgflow_capi.so")
+    if not explicit:
+        cuda = os.path.join(here, "libgflow_capi_cuda.so")
+        if os.path.exists(cuda):
+            try:
+                return cuda, _open(cuda)
+            except OSError as e:  # e.g. no CUDA runtime or NCCL on this machine: host memory only
+                _cuda_unloaded = "%s did not load (%s)" % (cuda, e)
+    path = explicit or os.path.join(here, "libgflow_capi.so")
+    try:
+        return path, _open(path)
+    except OSError as e:
+        raise ImportError("gflow: cannot load %s (%s)%s. Build it (cmake --build <build> --target gflow_python, or pip install .) "
+                          "and import gflow from <build>/python, or set GFLOW_CAPI_LIBRARY to the library's path."
+                          % (path, e, "; " + _cuda_unloaded if _cuda_unloaded else "")) from e
 
 
 def _load():
-    path = _library_path()
-    try:
-        lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # RTLD_GLOBAL: Open MPI's plugins resolve MPI's symbols through it
-    except OSError as e:
-        raise ImportError("gflow: cannot load %s (%s). Build it (cmake --build <build> --target gflow_python, or pip install .) "
-                          "and import gflow from <build>/python, or set GFLOW_CAPI_LIBRARY to the library's path." % (path, e)) from e
+    path, lib = _open_library()
     sig = {
         "gflow_capi_version": (ctypes.c_int, []),
         "gflow_last_error": (None, [ctypes.POINTER(_cstr)] * 5),
@@ -50,8 +71,11 @@ def _load():
         "gflow_abort": (None, [ctypes.c_int]),
         "gflow_rank": (ctypes.c_int, [ctypes.POINTER(_i32)]),
         "gflow_size": (ctypes.c_int, [ctypes.POINTER(_i32)]),
+        "gflow_local_rank": (ctypes.c_int, [ctypes.POINTER(_i32), ctypes.POINTER(_i32)]),
+        "gflow_cuda_support": (ctypes.c_int, [ctypes.POINTER(_i32), ctypes.POINTER(_i32)]),
+        "gflow_device_init": (ctypes.c_int, [_cstr, _i32, ctypes.POINTER(_cstr), ctypes.POINTER(_i32)]),
         "gflow_menu_size": (_u64, []),
-        "gflow_menu_entry": (ctypes.c_int, [_u64, ctypes.POINTER(_cstr), ctypes.POINTER(_cstr)]),
+        "gflow_menu_entry": (ctypes.c_int, [_u64, ctypes.POINTER(_cstr), ctypes.POINTER(_cstr), ctypes.POINTER(ctypes.c_uint32)]),
         "gflow_canonical_name": (ctypes.c_int, [_cstr, ctypes.POINTER(_cstr)]),
         "gflow_broadcast": (ctypes.c_int, [ctypes.c_void_p, _u64, _i32]),
         "gflow_broadcast_bytes": (ctypes.c_int, [ctypes.c_char_p, _u64, _i32, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_u64)]),
@@ -62,21 +86,21 @@ def _load():
         "gflow_timeline_start": (ctypes.c_int, [ctypes.c_void_p]),
         "gflow_timeline_write": (ctypes.c_int, [ctypes.c_void_p, _cstr]),
         "gflow_timeline_size": (_u64, [ctypes.c_void_p]),
-        "gflow_exchanger_new": (ctypes.c_int, [_cstr, _u64, ctypes.POINTER(_cstr), ctypes.POINTER(_u64), ctypes.POINTER(_u64), _i32, _i32, _i32,
+        "gflow_exchanger_new": (ctypes.c_int, [_cstr, _i32, _u64, ctypes.POINTER(_cstr), ctypes.POINTER(_u64), ctypes.POINTER(_u64), _i32, _i32, _i32,
                                                _i32, _i64, ctypes.POINTER(ctypes.c_void_p)]),
         "gflow_exchanger_free": (None, [ctypes.c_void_p]),
         "gflow_pool": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_p_f32), ctypes.POINTER(_u64)]),
         "gflow_offsets": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_p_u64), ctypes.POINTER(_u64)]),
-        "gflow_ready": (ctypes.c_int, [ctypes.c_void_p, _u64]),
-        "gflow_finish": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_Status)]),
+        "gflow_ready": (ctypes.c_int, [ctypes.c_void_p, _u64, ctypes.c_void_p]),
+        "gflow_finish": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(_Status)]),
         "gflow_begin_no_sync": (ctypes.c_int, [ctypes.c_void_p]),
         "gflow_end_no_sync": (ctypes.c_int, [ctypes.c_void_p]),
-        "gflow_join": (ctypes.c_int, [ctypes.c_void_p, _STEP, ctypes.c_void_p, ctypes.POINTER(_Join)]),
+        "gflow_join": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, _STEP, ctypes.c_void_p, ctypes.POINTER(_Join)]),
         "gflow_counters": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_u64), ctypes.POINTER(_u64)]),
-        "gflow_describe": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_cstr), ctypes.POINTER(_i32), ctypes.POINTER(_i32)]),
+        "gflow_describe": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_cstr), ctypes.POINTER(_i32), ctypes.POINTER(_i32), ctypes.POINTER(_i32)]),
         "gflow_shard": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_p_u64), ctypes.POINTER(_u64)]),
         "gflow_buckets": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_p_u64), ctypes.POINTER(_u64)]),
-        "gflow_gather_shards": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, _u64]),
+        "gflow_gather_shards": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, _u64, ctypes.c_void_p]),
         "gflow_save_state": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_u64)]),
         "gflow_load_state": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, _u64]),
         "gflow_save_checkpoint": (ctypes.c_int, [ctypes.c_void_p, _cstr, _u64, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_u64),
@@ -90,13 +114,13 @@ def _load():
     for name, (res, args) in sig.items():
         f = getattr(lib, name)
         f.restype, f.argtypes = res, args
-    if lib.gflow_capi_version() != 1:
-        raise ImportError("gflow: %s speaks C ABI version %d; this gflow package expects 1. Rebuild the library from the same checkout."
+    if lib.gflow_capi_version() != 2:
+        raise ImportError("gflow: %s speaks C ABI version %d; this gflow package expects 2. Rebuild the library from the same checkout."
                           % (path, lib.gflow_capi_version()))
-    return lib
+    return path, lib
 
 
-_lib = _load()
+library_path, _lib = _load()
 
 
 def _raise_last():
@@ -180,13 +204,41 @@ def size():
     return out.value
 
 
-def compositions():
-    """The compositions compiled into the library: (name, C++ policies)."""
+def local_rank():
+    """(this rank among its node's ranks, the node's rank count)."""
+    r, n = _i32(), _i32()
+    _call(_lib.gflow_local_rank(ctypes.byref(r), ctypes.byref(n)))
+    return r.value, n.value
+
+
+def cuda_support():
+    """(whether the loaded library has the device menu, the CUDA devices this process sees, why not when it lacks it)."""
+    built, devices = _i32(), _i32()
+    _call(_lib.gflow_cuda_support(ctypes.byref(built), ctypes.byref(devices)))
+    why = "" if built.value else (_cuda_unloaded or "%s was built without CUDA (nvcc and NCCL were not found at configure)" % library_path)
+    return bool(built.value), devices.value, why
+
+
+def device_init(transport="auto", device=-1):
+    """The device transport (collective): ('nccl' or 'mpi', the CUDA device)."""
+    chosen, dev = _cstr(), _i32()
+    _call(_lib.gflow_device_init(str(transport).encode("utf-8"), int(device), ctypes.byref(chosen), ctypes.byref(dev)))
+    return _text(chosen.value), dev.value
+
+
+SPACES = ("cpu", "cuda/mpi", "cuda/nccl")  # bit i of a menu entry's spaces
+
+
+def compositions(with_spaces=False):
+    """The compositions compiled into the library: (name, C++ policies[, memory spaces])."""
     out = []
     for i in range(_lib.gflow_menu_size()):
-        name, policies = _cstr(), _cstr()
-        _call(_lib.gflow_menu_entry(i, ctypes.byref(name), ctypes.byref(policies)))
-        out.append((_text(name.value), _text(policies.value)))
+        name, policies, spaces = _cstr(), _cstr(), ctypes.c_uint32()
+        _call(_lib.gflow_menu_entry(i, ctypes.byref(name), ctypes.byref(policies), ctypes.byref(spaces)))
+        entry = (_text(name.value), _text(policies.value))
+        if with_spaces:
+            entry += (tuple(s for b, s in enumerate(SPACES) if spaces.value >> b & 1),)
+        out.append(entry)
     return out
 
 
@@ -274,24 +326,38 @@ class _PoolView:
         self.__array_interface__ = {"version": 3, "shape": (n,), "typestr": "<f4", "data": (address, False)}
 
 
+class CudaPoolView:
+    """A device exchanger's pool: __cuda_array_interface__ over its device memory, holding the exchanger
+    (torch.as_tensor(view, device=...) keeps the view alive). No stream is named: the exchanger orders
+    itself against the caller's stream (ready / finish take it)."""
+
+    def __init__(self, owner, address, n, device):
+        self.owner = owner
+        self.device = device
+        self.__cuda_array_interface__ = {"version": 3, "shape": (n,), "typestr": "<f4", "data": (address, False), "strides": None}
+
+
 class Exchanger:
-    """gflow::Exchanger<composition>::on<gflow::mpi::transport> over the world (the composition by menu name)."""
+    """gflow::Exchanger<composition>::on<transport> (the composition by menu name): over the MPI world
+    (on_device=False), or over the device transport device_init() made (on_device=True: the pool is
+    CUDA memory; ready / finish / join / gather_shards take the caller's CUDA stream as an integer)."""
 
     def __init__(self, composition, names, shapes, find_unused=False, learn_order=False, uneven_inputs=False, average=True,
-                 threshold_bytes=None):
+                 threshold_bytes=None, on_device=False):
         if len(names) != len(shapes):
             raise errors.make(errors.InvalidArgument, "names", "%d names for %d shapes." % (len(names), len(shapes)), "pass one name per tensor.")
         dims = [int(d) for s in shapes for d in s]
         handle = ctypes.c_void_p()
-        _call(_lib.gflow_exchanger_new(str(composition).encode("utf-8"), len(shapes), _cstr_array(names), _u64_array([len(s) for s in shapes]),
-                                       _u64_array(dims), int(bool(find_unused)), int(bool(learn_order)), int(bool(uneven_inputs)),
-                                       int(bool(average)), -1 if threshold_bytes is None else int(threshold_bytes), ctypes.byref(handle)))
+        _call(_lib.gflow_exchanger_new(str(composition).encode("utf-8"), int(bool(on_device)), len(shapes), _cstr_array(names),
+                                       _u64_array([len(s) for s in shapes]), _u64_array(dims), int(bool(find_unused)), int(bool(learn_order)),
+                                       int(bool(uneven_inputs)), int(bool(average)), -1 if threshold_bytes is None else int(threshold_bytes),
+                                       ctypes.byref(handle)))
         self._handle = handle
         self._timeline = None
-        # Fixed by the composition's type: read once.
-        name, dense, sharded = _cstr(), _i32(), _i32()
-        _call(_lib.gflow_describe(handle, ctypes.byref(name), ctypes.byref(dense), ctypes.byref(sharded)))
-        self.name, self.dense, self.sharded = _text(name.value), bool(dense.value), bool(sharded.value)
+        # Fixed by the composition's type and the memory space: read once.
+        name, dense, sharded, device = _cstr(), _i32(), _i32(), _i32()
+        _call(_lib.gflow_describe(handle, ctypes.byref(name), ctypes.byref(dense), ctypes.byref(sharded), ctypes.byref(device)))
+        self.name, self.dense, self.sharded, self.device = _text(name.value), bool(dense.value), bool(sharded.value), device.value
 
     def __del__(self):
         if getattr(self, "_handle", None) and _lib is not None:
@@ -299,22 +365,26 @@ class Exchanger:
             self._handle = None
 
     def pool(self):
-        """The gradient pool as a float32 NumPy array over the exchanger's memory (no copy); alive as long as the array."""
+        """The gradient pool over the exchanger's memory (no copy), alive as long as what is returned: a float32
+        NumPy array (host memory), or a CudaPoolView for torch.as_tensor (device memory)."""
         ptr, n = _p_f32(), _u64()
         _call(_lib.gflow_pool(self._handle, ctypes.byref(ptr), ctypes.byref(n)))
-        return numpy.asarray(_PoolView(self, ctypes.cast(ptr, ctypes.c_void_p).value or 0, n.value))
+        address = ctypes.cast(ptr, ctypes.c_void_p).value or 0
+        if self.device >= 0:
+            return CudaPoolView(self, address, n.value, self.device)
+        return numpy.asarray(_PoolView(self, address, n.value))
 
     def offsets(self):
         ptr, n = _p_u64(), _u64()
         _call(_lib.gflow_offsets(self._handle, ctypes.byref(ptr), ctypes.byref(n)))
         return [ptr[i] for i in range(n.value)]
 
-    def ready(self, i):
-        _call(_lib.gflow_ready(self._handle, int(i)))
+    def ready(self, i, stream=None):
+        _call(_lib.gflow_ready(self._handle, int(i), stream))
 
-    def finish(self):
+    def finish(self, stream=None):
         st = _Status()
-        _call(_lib.gflow_finish(self._handle, ctypes.byref(st)))
+        _call(_lib.gflow_finish(self._handle, stream, ctypes.byref(st)))
         return ExchangeStatus(st)
 
     def begin_no_sync(self):
@@ -323,7 +393,7 @@ class Exchanger:
     def end_no_sync(self):
         _call(_lib.gflow_end_no_sync(self._handle))
 
-    def join(self, step=None):
+    def join(self, step=None, stream=None):
         """step (a callable taking the iteration's ExchangeStatus, or None): run after each shadowed iteration."""
         raised = []
 
@@ -337,7 +407,7 @@ class Exchanger:
 
         fn = _STEP(trampoline) if step is not None else ctypes.cast(None, _STEP)
         out = _Join()
-        rc = _lib.gflow_join(self._handle, fn, None, ctypes.byref(out))
+        rc = _lib.gflow_join(self._handle, stream, fn, None, ctypes.byref(out))
         if rc != 0:
             if raised:
                 raise raised[0]
@@ -364,10 +434,14 @@ class Exchanger:
     def buckets(self):
         return _pairs(_lib.gflow_buckets, self._handle)
 
-    def gather_shards(self, values):
-        """In place: this rank's shard of `values` (laid out like the pool) to every rank, the others' back (collective)."""
-        ptr, n = _float32(values, "values", "gather_shards")
-        _call(_lib.gflow_gather_shards(self._handle, ptr, n))
+    def gather_shards(self, values, stream=None):
+        """In place: this rank's shard of `values` (laid out like the pool) to every rank, the others' back (collective).
+        values: a float32 NumPy array (host memory), or (address, element count) of device memory."""
+        if isinstance(values, tuple):
+            ptr, n = values
+        else:
+            ptr, n = _float32(values, "values", "gather_shards")
+        _call(_lib.gflow_gather_shards(self._handle, ptr, n, stream))
 
     def save_state(self):
         data, n = ctypes.c_void_p(), _u64()

@@ -1,6 +1,7 @@
 // libgflow_capi.so: the C ABI of capi.h over the registry's ports (port.hpp). It includes neither
-// Python nor torch: gflow/_capi.py loads it with ctypes and wraps its buffers as NumPy arrays and
-// tensors without a copy.
+// Python, torch nor CUDA: gflow/_capi.py loads it with ctypes and wraps its buffers as NumPy arrays
+// and tensors without a copy. libgflow_capi_cuda.so is this file and the same host menu, plus the
+// device menu and the device world (capi_cuda.cu, registered through python::set_device_support).
 #include "capi.h"
 
 #include <cstring>
@@ -37,6 +38,15 @@ std::unique_ptr<world>& the_world() {
   static std::unique_ptr<world> w;
   return w;
 }
+python::device_support& device_support() {
+  python::device_support* d = python::get_device_support();
+  if (!d)
+    throw usage_error("device", "this gflow.torch library (libgflow_capi.so) was built without CUDA, so it has no device menu.",
+                      "build gflow where nvcc and NCCL are found (cmake reports 'CUDA ON'), which makes libgflow_capi_cuda.so, and load that one "
+                      "(gflow.torch prefers it when it sits next to libgflow_capi.so; GFLOW_CAPI_LIBRARY names it explicitly).");
+  return *d;
+}
+
 mpi::transport& comm() {
   if (!the_world())
     throw usage_error("init", "gflow.torch.init() has not been called in this process.",
@@ -140,7 +150,10 @@ int gflow_init(void) {
 }
 int gflow_initialized(void) { return the_world() ? 1 : 0; }
 int gflow_finalize(void) {
-  return guarded([] { the_world().reset(); });
+  return guarded([] {
+    if (python::device_support* d = python::get_device_support()) d->finalize();  // its communicators before MPI
+    the_world().reset();
+  });
 }
 void gflow_abort(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
 int gflow_rank(int32_t* out) {
@@ -149,14 +162,43 @@ int gflow_rank(int32_t* out) {
 int gflow_size(int32_t* out) {
   return guarded([&] { *out = comm().size(); });
 }
+int gflow_local_rank(int32_t* local, int32_t* local_size) {
+  return guarded([&] {
+    MPI_Comm node = MPI_COMM_NULL;
+    mpi::detail::check(MPI_Comm_split_type(comm().comm(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type", "in gflow_local_rank");
+    int r = 0, n = 0;
+    const int rc1 = MPI_Comm_rank(node, &r), rc2 = MPI_Comm_size(node, &n);
+    MPI_Comm_free(&node);
+    mpi::detail::check(rc1 != MPI_SUCCESS ? rc1 : rc2, "MPI_Comm_rank / MPI_Comm_size", "in gflow_local_rank");
+    *local = r;
+    *local_size = n;
+  });
+}
+
+int gflow_cuda_support(int32_t* built, int32_t* devices) {
+  return guarded([&] {
+    python::device_support* d = python::get_device_support();
+    *built = d ? 1 : 0;
+    *devices = d ? d->device_count() : 0;
+  });
+}
+int gflow_device_init(const char* transport, int32_t device, const char** chosen, int32_t* device_out) {
+  return guarded([&] {
+    python::device_support& d = device_support();
+    d.init(comm(), transport ? transport : "auto", device);
+    *chosen = d.transport_space() == python::space::device_nccl ? "nccl" : "mpi";
+    *device_out = d.device();
+  });
+}
 
 uint64_t gflow_menu_size(void) { return python::menu().size(); }
-int gflow_menu_entry(uint64_t i, const char** name, const char** policies) {
+int gflow_menu_entry(uint64_t i, const char** name, const char** policies, uint32_t* spaces) {
   return guarded([&] {
     const auto& m = python::menu();
     if (i >= m.size()) throw invalid_argument("i", fmt::format("menu entry {} of {}.", i, m.size()), "pass i < gflow_menu_size().");
     *name = m[i].name.c_str();
     *policies = m[i].policies.c_str();
+    *spaces = m[i].spaces_mask();
   });
 }
 int gflow_canonical_name(const char* name, const char** out) {
@@ -226,11 +268,21 @@ int gflow_timeline_write(const gflow_timeline* tl, const char* path) {
 }
 uint64_t gflow_timeline_size(const gflow_timeline* tl) { return tl->tl->size(); }
 
-int gflow_exchanger_new(const char* composition, uint64_t count, const char* const* names, const uint64_t* ndims, const uint64_t* shapes,
-                        int32_t find_unused, int32_t learn_order, int32_t uneven_inputs, int32_t average, int64_t threshold_bytes,
-                        gflow_exchanger** out) {
+int gflow_exchanger_new(const char* composition, int32_t on_device, uint64_t count, const char* const* names, const uint64_t* ndims,
+                        const uint64_t* shapes, int32_t find_unused, int32_t learn_order, int32_t uneven_inputs, int32_t average,
+                        int64_t threshold_bytes, gflow_exchanger** out) {
   return guarded([&] {
-    const python::menu_entry& e = python::find_composition(composition);
+    python::space where = python::space::host;
+    void* transport = &comm();
+    if (on_device != 0) {
+      python::device_support& d = device_support();
+      if (!d.initialized())
+        throw usage_error("device", "a device exchanger was asked for before the device transport exists.",
+                          "call gflow_device_init first (gflow.torch does when the first CUDA DistributedOptimizer is built).");
+      where = d.transport_space();
+      transport = d.transport();
+    }
+    const python::menu_entry& e = python::find_composition(composition, where);
     std::vector<tensor_desc> tensors;
     const uint64_t* dim = shapes;
     for (std::uint64_t i = 0; i < count; ++i) {
@@ -245,7 +297,7 @@ int gflow_exchanger_new(const char* composition, uint64_t count, const char* con
     o.learn_order = learn_order != 0;
     o.uneven_inputs = uneven_inputs != 0;
     o.average = average != 0;
-    auto ex = std::make_unique<gflow_exchanger>(gflow_exchanger{e.make(comm(), Layout(tensors), o), nullptr});  // collective
+    auto ex = std::make_unique<gflow_exchanger>(gflow_exchanger{e.make[static_cast<std::size_t>(where)](transport, Layout(tensors), o), nullptr});  // collective
     if (threshold_bytes >= 0) ex->port->set_fusion(static_cast<std::size_t>(threshold_bytes));
     *out = ex.release();
   });
@@ -265,11 +317,17 @@ int gflow_offsets(const gflow_exchanger* ex, const uint64_t** data, uint64_t* n)
     *n = o.size();
   });
 }
-int gflow_ready(gflow_exchanger* ex, uint64_t i) {
-  return guarded([&] { ex->port->ready(i); });
+int gflow_ready(gflow_exchanger* ex, uint64_t i, void* stream) {
+  return guarded([&] {
+    ex->port->use_stream(stream);
+    ex->port->ready(i);
+  });
 }
-int gflow_finish(gflow_exchanger* ex, gflow_exchange_status* out) {
-  return guarded([&] { *out = to_c(ex->port->finish(), scratch().unused); });
+int gflow_finish(gflow_exchanger* ex, void* stream, gflow_exchange_status* out) {
+  return guarded([&] {
+    ex->port->use_stream(stream);
+    *out = to_c(ex->port->finish(), scratch().unused);
+  });
 }
 int gflow_begin_no_sync(gflow_exchanger* ex) {
   return guarded([&] { ex->port->begin_no_sync(); });
@@ -277,8 +335,9 @@ int gflow_begin_no_sync(gflow_exchanger* ex) {
 int gflow_end_no_sync(gflow_exchanger* ex) {
   return guarded([&] { ex->port->end_no_sync(); });
 }
-int gflow_join(gflow_exchanger* ex, gflow_step_fn step, void* user, gflow_join_status* out) {
+int gflow_join(gflow_exchanger* ex, void* stream, gflow_step_fn step, void* user, gflow_join_status* out) {
   return guarded([&] {
+    ex->port->use_stream(stream);
     std::function<void(const exchange_status&)> f;
     if (step) f = [step, user](const exchange_status& st) {
       std::vector<std::uint64_t> unused;
@@ -295,12 +354,13 @@ int gflow_counters(const gflow_exchanger* ex, uint64_t* generation, uint64_t* it
     *iteration = ex->port->iteration();
   });
 }
-int gflow_describe(const gflow_exchanger* ex, const char** name, int32_t* dense, int32_t* sharded) {
+int gflow_describe(const gflow_exchanger* ex, const char** name, int32_t* dense, int32_t* sharded, int32_t* device) {
   return guarded([&] {
     scratch().text = ex->port->name();
     *name = scratch().text.c_str();
     *dense = ex->port->dense() ? 1 : 0;
     *sharded = ex->port->sharded() ? 1 : 0;
+    *device = ex->port->device();
   });
 }
 int gflow_shard(const gflow_exchanger* ex, const uint64_t** pairs, uint64_t* n) {
@@ -309,8 +369,11 @@ int gflow_shard(const gflow_exchanger* ex, const uint64_t** pairs, uint64_t* n) 
 int gflow_buckets(const gflow_exchanger* ex, const uint64_t** pairs, uint64_t* n) {
   return guarded([&] { hand_out_pairs(ex->port->buckets(), pairs, n); });
 }
-int gflow_gather_shards(gflow_exchanger* ex, float* values, uint64_t n) {
-  return guarded([&] { ex->port->gather_shards(values, n); });
+int gflow_gather_shards(gflow_exchanger* ex, float* values, uint64_t n, void* stream) {
+  return guarded([&] {
+    ex->port->use_stream(stream);
+    ex->port->gather_shards(values, n);
+  });
 }
 int gflow_save_state(const gflow_exchanger* ex, const void** data, uint64_t* size) {
   return guarded([&] {

@@ -1,9 +1,6 @@
-// The module's menu, part 2: the Overlap and Topology families (port.hpp).
+// The host-memory half of menu_overlap.def (port.hpp). The menu is split over several translation
+// units so that a parallel build compiles it in parts.
 #include "port.hpp"
 
-GFLOW_PYTHON_COMPOSITION(funneled, gflow::Overlap<gflow::Funneled>);
-GFLOW_PYTHON_COMPOSITION(concurrent, gflow::Overlap<gflow::Concurrent<2>>);
-GFLOW_PYTHON_COMPOSITION(chained, gflow::Overlap<gflow::Chained>);
-GFLOW_PYTHON_COMPOSITION(fusion_funneled, gflow::Fusion<4 << 20>, gflow::Overlap<gflow::Funneled>);
-GFLOW_PYTHON_COMPOSITION(hier, gflow::Fusion<4 << 20>, gflow::Topology<gflow::Hierarchical<2>>);
-GFLOW_PYTHON_COMPOSITION(hybrid, gflow::Precision<gflow::half>, gflow::Fusion<4 << 20>, gflow::Topology<gflow::Hybrid<1 << 20, 2>>);
+#define GFLOW_MENU(id, ...) GFLOW_PYTHON_COMPOSITION(id, __VA_ARGS__);
+#include "menu_overlap.def"

@@ -1,9 +1,6 @@
-// The module's menu, part 3: TopK and GTopK at the documented densities (port.hpp).
+// The host-memory half of menu_topk.def (port.hpp). The menu is split over several translation
+// units so that a parallel build compiles it in parts.
 #include "port.hpp"
 
-GFLOW_PYTHON_COMPOSITION(topk, gflow::Sparsifier<gflow::TopK<0.01>>);
-GFLOW_PYTHON_COMPOSITION(topk_001, gflow::Sparsifier<gflow::TopK<0.001>>);
-GFLOW_PYTHON_COMPOSITION(gtopk, gflow::Sparsifier<gflow::GTopK<0.01>>);
-GFLOW_PYTHON_COMPOSITION(gtopk_001, gflow::Sparsifier<gflow::GTopK<0.001>>);
-GFLOW_PYTHON_COMPOSITION(fp16_topk_funneled, gflow::Precision<gflow::half>, gflow::Fusion<4 << 20>, gflow::Sparsifier<gflow::TopK<0.01>>,
-                         gflow::Overlap<gflow::Funneled>);
+#define GFLOW_MENU(id, ...) GFLOW_PYTHON_COMPOSITION(id, __VA_ARGS__);
+#include "menu_topk.def"

@@ -1,8 +1,10 @@
 #pragma once
 // The Python module's view of one exchanger: a small virtual interface over
-// gflow::Exchanger<...>::on<gflow::mpi::transport>, one implementation per composition compiled
-// into the module (menu_*.cpp, gflow_add_python_composition). Free of Python and torch, so the
-// composition translation units compile against gflow and MPI only.
+// gflow::Exchanger<...>::on<Transport>, one implementation per composition and memory space
+// compiled into the library (menu_*.cpp on gflow::mpi::transport; in libgflow_capi_cuda.so also
+// menu_device_*.cu on gflow::mpi_device::transport and gflow::nccl::transport, device_port.cuh;
+// gflow_add_python_composition). Free of Python, torch and CUDA, so the host translation units
+// compile against gflow and MPI only.
 //
 // A composition is found by name. Its name is derived from its policy types (composition_name<Set>):
 //   precision + fusion + sparsifier + topology + overlap, defaults left out, e.g.
@@ -11,6 +13,7 @@
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
+#include <array>
 #include <functional>
 #include <memory>
 #include <span>
@@ -59,6 +62,16 @@ class port {
   virtual void configure(double momentum, std::uint64_t warmup) = 0;
   [[nodiscard]] virtual bool dense() const = 0;
   [[nodiscard]] virtual std::string name() const = 0;
+  /// The CUDA device the pool lives on; -1: host memory.
+  [[nodiscard]] virtual int device() const { return -1; }
+  /// The caller's CUDA stream (a cudaStream_t; null: none) for the calls that follow: ready(i)
+  /// orders the exchange after the work enqueued on it, and finish(), gather_shards and join's
+  /// step make it wait for the exchange (device_port.cuh). A host-memory exchanger takes none.
+  virtual void use_stream(void* stream) {
+    if (stream != nullptr)
+      throw invalid_argument("stream", "composition '" + name() + "' exchanges host memory; a CUDA stream was passed with it.",
+                             "pass no stream with CPU tensors (gflow.torch does this itself).");
+  }
   /// Sharding<ReduceScatter> ("shard" in the name): this rank's shard as (first pool element, end),
   /// one range per bucket, and the in-place all-gather of a pool-sized buffer. Not sharded: false,
   /// empty, and gather_shards raises usage_error.
@@ -76,19 +89,49 @@ class port {
   virtual std::pair<std::uint64_t, std::vector<std::vector<float>>> load_checkpoint(const std::string& root, bool with_state) = 0;
 };
 
-using factory = std::unique_ptr<port> (*)(mpi::transport&, Layout, exchange_options);
+/// Where an exchanger keeps its pool and what carries its collectives: host memory over
+/// gflow::mpi::transport, or device memory over gflow::mpi_device::transport or
+/// gflow::nccl::transport (libgflow_capi_cuda.so only).
+enum class space : int { host = 0, device_mpi = 1, device_nccl = 2 };
+inline constexpr std::size_t spaces = 3;
+[[nodiscard]] const char* space_name(space s);  // "host", "cuda over MPI", "cuda over NCCL"
 
-/// The compositions compiled into the module, by canonical name (registry.cpp).
-void register_composition(const std::string& name, const std::string& policies, factory f);
+/// Makes an exchanger over `transport`, a pointer to the space's transport type.
+using factory = std::unique_ptr<port> (*)(void* transport, Layout, exchange_options);
+
+/// The compositions compiled into the library, by canonical name (registry.cpp), each with a
+/// factory per memory space it was compiled for.
+void register_composition(const std::string& name, const std::string& policies, space s, factory f);
 struct menu_entry {
   std::string name;
   std::string policies;  // the C++ spelling
-  factory make;
+  std::array<factory, spaces> make{};
+  [[nodiscard]] unsigned spaces_mask() const;  // bit s: compiled for space s
 };
 [[nodiscard]] const std::vector<menu_entry>& menu();
-/// The entry named `name` (any order, case, size or density spelling of the canonical name);
-/// invalid_argument('composition') listing the menu when there is none.
-[[nodiscard]] const menu_entry& find_composition(const std::string& name);
+/// The entry named `name` (any order, case, size or density spelling of the canonical name),
+/// compiled for space `s`; invalid_argument('composition') listing the menu when there is none.
+[[nodiscard]] const menu_entry& find_composition(const std::string& name, space s = space::host);
+
+/// What libgflow_capi_cuda.so adds to the C ABI: the device world (a device transport over the
+/// MPI world), registered at load time (capi_cuda.cu). Absent from libgflow_capi.so.
+class device_support {
+ public:
+  virtual ~device_support() = default;
+  /// Creates this rank's device transport, collective over `world`: transport "auto" (NCCL where
+  /// every rank has a GPU of its own, else MPI), "nccl" or "mpi"; device < 0: the node-local
+  /// rank modulo the visible devices. Again with the same arguments: nothing; with others: usage_error.
+  virtual void init(mpi::transport& world, const std::string& transport, int device) = 0;
+  [[nodiscard]] virtual bool initialized() const = 0;
+  [[nodiscard]] virtual int device() const = 0;
+  [[nodiscard]] virtual space transport_space() const = 0;
+  [[nodiscard]] virtual void* transport() = 0;  // the space's transport type
+  [[nodiscard]] virtual int device_count() const = 0;
+  /// Frees the device transport (before MPI is finalised).
+  virtual void finalize() = 0;
+};
+void set_device_support(device_support* d);
+[[nodiscard]] device_support* get_device_support();
 [[nodiscard]] std::string canonical_name(const std::string& name);
 [[nodiscard]] std::string bytes_name(std::size_t bytes);   // 4194304 -> "4MiB"
 [[nodiscard]] std::string number_name(double v);           // shortest round-trip form
@@ -144,16 +187,16 @@ std::string composition_name() {
   return out.empty() ? "dense" : out;
 }
 
-template <class Exchange>
-class port_for final : public port {
+template <class Exchange, class Transport = mpi::transport>
+class port_for : public port {
  public:
-  using exchanger_t = typename Exchange::template on<mpi::transport>;
+  using exchanger_t = typename Exchange::template on<Transport>;
   using set = typename exchanger_t::policies;
   using sparsifier_t = std::remove_cvref_t<decltype(std::declval<exchanger_t&>().sparsifier())>;
   static constexpr bool is_csc = requires(sparsifier_t& e) { e.selected_chunks(); e.set_warmup(1, 1); };
   static constexpr bool is_topk = requires(sparsifier_t& e) { e.set_schedule(gflow::detail::plan::density_schedule::constant(1.0)); };
 
-  port_for(mpi::transport& t, Layout layout, exchange_options o) : ex_(t, std::move(layout), o) {}
+  port_for(Transport& t, Layout layout, exchange_options o) : ex_(t, std::move(layout), o) {}
 
   float* pool_data() override { return ex_.pool_data(); }
   std::size_t pool_size() const override { return ex_.pool_size(); }
@@ -270,23 +313,24 @@ class port_for final : public port {
     return {gflow::load_checkpoint(ex_, root), std::move(state)};
   }
 
- private:
+ protected:
   exchanger_t ex_;
   std::unique_ptr<no_sync_scope> scope_;
 };
 
-template <class Exchange>
-std::unique_ptr<port> make_port(mpi::transport& t, Layout layout, exchange_options o) {
-  return std::make_unique<port_for<Exchange>>(t, std::move(layout), o);
+template <class Port, class Transport>
+std::unique_ptr<port> make_port(void* t, Layout layout, exchange_options o) {
+  return std::make_unique<Port>(*static_cast<Transport*>(t), std::move(layout), o);
 }
 
-/// Registers Exchange under its derived name (and `alias`, if any) at static initialisation.
-template <class Exchange>
+/// Registers Exchange under its derived name (and `alias`, if any) for space S at static
+/// initialisation: Port (a port_for over S's transport) is what the factory makes.
+template <class Exchange, space S = space::host, class Port = port_for<Exchange>, class Transport = mpi::transport>
 struct registrar {
   registrar(const char* policies, const char* alias = nullptr) {
     using set = typename Exchange::policies;
-    register_composition(composition_name<set>(), policies, &make_port<Exchange>);
-    if (alias && *alias) register_composition(alias, policies, &make_port<Exchange>);
+    register_composition(composition_name<set>(), policies, S, &make_port<Port, Transport>);
+    if (alias && *alias) register_composition(alias, policies, S, &make_port<Port, Transport>);
   }
 };
 

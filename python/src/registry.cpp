@@ -117,28 +117,62 @@ std::string canonical_name(const std::string& name) {
   return out.empty() ? "dense" : out;
 }
 
-void register_composition(const std::string& name, const std::string& policies, factory f) {
+const char* space_name(space s) {
+  switch (s) {
+    case space::host: return "host memory";
+    case space::device_mpi: return "CUDA over MPI";
+    case space::device_nccl: return "CUDA over NCCL";
+  }
+  return "?";
+}
+
+unsigned menu_entry::spaces_mask() const {
+  unsigned m = 0;
+  for (std::size_t s = 0; s < spaces; ++s)
+    if (make[s]) m |= 1u << s;
+  return m;
+}
+
+void register_composition(const std::string& name, const std::string& policies, space s, factory f) {
   const std::string key = canonical_name(name);
-  for (const menu_entry& e : entries())
-    if (canonical_name(e.name) == key) return;  // the same composition listed twice (an alias of a menu entry)
-  entries().push_back({name, policies, f});
+  for (menu_entry& e : entries())
+    if (canonical_name(e.name) == key) {  // the same composition in another space, or listed twice (an alias of a menu entry)
+      if (!e.make[static_cast<std::size_t>(s)]) e.make[static_cast<std::size_t>(s)] = f;
+      return;
+    }
+  menu_entry e{name, policies, {}};
+  e.make[static_cast<std::size_t>(s)] = f;
+  entries().push_back(std::move(e));
 }
 
 const std::vector<menu_entry>& menu() { return entries(); }
 
-const menu_entry& find_composition(const std::string& name) {
+const menu_entry& find_composition(const std::string& name, space s) {
   const std::string key = canonical_name(name);
+  const auto si = static_cast<std::size_t>(s);
   for (const menu_entry& e : entries())
-    if (canonical_name(e.name) == key) return e;
+    if (canonical_name(e.name) == key && e.make[si]) return e;
   std::vector<std::string> names;
-  for (const menu_entry& e : entries()) names.push_back(e.name);
+  for (const menu_entry& e : entries())
+    if (e.make[si]) names.push_back(e.name);
   std::sort(names.begin(), names.end());
   std::string list;
   for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  const bool elsewhere = std::any_of(entries().begin(), entries().end(), [&](const menu_entry& e) { return canonical_name(e.name) == key; });
   throw invalid_argument("composition",
-                         "'" + name + "' (read as '" + key + "') is not compiled into this module. Available: " + list + ".",
-                         "pass one of those names (tokens in any order, '+' between them), or compile the composition into the module "
+                         "'" + name + "' (read as '" + key + "') is not compiled into this library for " + space_name(s) +
+                             (elsewhere ? " (it is for another memory space)" : "") + ". Available there: " + (list.empty() ? "none" : list) + ".",
+                         "pass one of those names (tokens in any order, '+' between them), or compile the composition into the library "
                          "with gflow_add_python_composition(NAME ... POLICIES ...) in CMake (docs/GUIDE.md, \"Python\").");
 }
+
+namespace {
+device_support*& device_slot() {
+  static device_support* d = nullptr;
+  return d;
+}
+}  // namespace
+void set_device_support(device_support* d) { device_slot() = d; }
+device_support* get_device_support() { return device_slot(); }
 
 }  // namespace gflow::python

@@ -335,6 +335,29 @@ def test_broadcast_and_average_check_their_arguments():
     assert e.value.subject == "tensor" and "float32" in str(e.value)
 
 
+def test_device_requests_are_checked_where_there_is_no_gpu():
+    """The CUDA entry points refuse what this machine cannot do, with typed errors naming the fix
+    (on a machine with a GPU, test_gflow_torch_cuda.py runs them for real)."""
+    from gflow import _capi
+    built, gpus, why = gt.cuda_support()
+    with pytest.raises(errors.InvalidArgument) as e:
+        gt.init(transport="gloo")
+    assert e.value.subject == "transport" and "'nccl'" in e.value.fix
+    if gpus == 0:
+        with pytest.raises(errors.UsageError) as e:
+            gt.init(device=0)  # MPI is up already: only the device request is refused
+        assert e.value.subject == "device" and "device='cpu'" in e.value.fix
+        assert gt.device() == torch.device("cpu")
+    with pytest.raises(errors.UsageError) as e:
+        _capi.Exchanger("dense", ["w"], [[4]], on_device=True)  # no device transport yet (or no CUDA library)
+    assert e.value.subject == "device"
+    ex = _capi.Exchanger("dense", ["w"], [[4]])
+    with pytest.raises(errors.InvalidArgument) as e:
+        ex.ready(0, stream=0x1234)  # a CUDA stream with a host-memory exchanger
+    assert e.value.subject == "stream"
+    assert ex.device == -1 and all("cpu" in spaces for _, (_, spaces) in gt.compositions(with_spaces=True).items())
+
+
 def test_cscsgd_needs_a_csc_exchange():
     with pytest.raises(errors.InvalidArgument) as e:
         gt.CSCSGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, momentum=1.0)

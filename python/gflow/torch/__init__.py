@@ -14,6 +14,12 @@
 
 Each .grad is a view of the exchanger's gradient pool (no copy); the hooks call ready(i) as
 autograd's AccumulateGrad finishes each parameter, so buckets are exchanged during backward.
+
+CUDA: with libgflow_capi_cuda.so loaded (gflow.torch.cuda_support()), init() makes the node-local
+rank's GPU the current device (gflow.torch.device()), and a DistributedOptimizer over CUDA parameters
+runs the exchanger on device memory: over NCCL where every rank has a GPU of its own, else over
+gflow::mpi_device::transport (several ranks on one GPU); init(transport="nccl" | "mpi") chooses.
+The exchange is ordered after torch's current stream at each hook and before it at step().
 """
 import atexit
 import contextlib
@@ -25,25 +31,83 @@ from .. import errors
 from .. import _capi
 from .optimizer import CSCSGD, DistributedOptimizer, ShardedOptimizer, _live  # noqa: F401
 
-__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "compositions", "canonical_name", "DistributedOptimizer", "ShardedOptimizer", "CSCSGD", "timeline",
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "device", "cuda_support", "device_transport", "compositions", "canonical_name", "DistributedOptimizer", "ShardedOptimizer", "CSCSGD", "timeline",
            "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allreduce_average_", "verify_replicas",
            "Timeline", "errors"]
 
 Timeline = _capi.Timeline
 
 
-def init():
-    """Initialises MPI (unless something else did) and gflow's world transport. Collective."""
+_device = {"torch": torch.device("cpu"), "transport": "auto", "chosen": None}
+
+
+def init(transport="auto", device=None):
+    """Initialises MPI (unless something else did) and gflow's world transport. Collective.
+
+    device: None picks the node-local rank's GPU (local_rank() modulo the visible devices) where
+    CUDA is available to both torch and gflow, and makes it torch's current device; "cpu" picks
+    none; an int picks that GPU. transport: how CUDA exchangers talk, "auto" (NCCL where every rank
+    has a GPU of its own, else MPI through host buffers), "nccl" or "mpi"; the device transport is
+    made when the first CUDA DistributedOptimizer is (collective there)."""
+    if transport not in ("auto", "nccl", "mpi"):
+        raise errors.make(errors.InvalidArgument, "transport", "'%s' is not a device transport." % (transport,), "pass 'auto', 'nccl' or 'mpi'.")
     if not _capi.initialized():
         _capi.init()
         atexit.register(shutdown)
+    _device["transport"] = transport
+    built, devices, why = _capi.cuda_support()
+    if device == "cpu" or (device is None and not (built and devices > 0 and torch.cuda.is_available())):
+        _device["torch"] = torch.device("cpu")
+        return
+    if not built:
+        raise errors.make(errors.UsageError, "device", "a GPU was asked for, and gflow.torch has no CUDA support here: %s." % why,
+                          "build gflow where nvcc and NCCL are found (libgflow_capi_cuda.so), or init(device='cpu').")
+    if not torch.cuda.is_available() or devices == 0:
+        raise errors.make(errors.UsageError, "device", "a GPU was asked for, and this process sees none (torch: %s, gflow: %d devices)."
+                          % (torch.cuda.is_available(), devices), "run where a GPU is visible (CUDA_VISIBLE_DEVICES), or init(device='cpu').")
+    index = local_rank()[0] % devices if device is None else int(device)
+    if not 0 <= index < devices:
+        raise errors.make(errors.InvalidArgument, "device", "CUDA device %d does not exist; this process sees %d." % (index, devices),
+                          "pass a device in [0, %d), or None for the node-local rank's." % devices)
+    torch.cuda.set_device(index)
+    _device["torch"] = torch.device("cuda", index)
 
 
 def shutdown():
-    """Closes every DistributedOptimizer's exchanger, then finalises MPI (if init() initialised it)."""
+    """Closes every DistributedOptimizer's exchanger, then the device transport, then finalises MPI (if init() initialised it)."""
     for opt in list(_live):
         opt._close()
     _capi.finalize()
+    _device["chosen"] = None
+
+
+def local_rank():
+    """(this rank among the ranks on its node, how many ranks the node has)."""
+    return _capi.local_rank()
+
+
+def device():
+    """The torch.device init() picked: cuda:<local rank modulo the GPUs> where CUDA is available, else cpu."""
+    return _device["torch"]
+
+
+def cuda_support():
+    """(whether this gflow.torch has CUDA exchangers, the GPUs it sees, why not when it has none)."""
+    return _capi.cuda_support()
+
+
+def device_transport():
+    """'nccl' or 'mpi' once a CUDA DistributedOptimizer exists (the device transport), else None."""
+    return _device["chosen"]
+
+
+def _device_world(dev):
+    """The device transport on CUDA device `dev` (a torch.device), made on first use (collective;
+    later calls with the same device return it, with another one raise UsageError('transport'))."""
+    if _device["chosen"] is None and _device["torch"].type == "cuda" and _device["torch"] != dev:
+        raise errors.make(errors.InvalidArgument, "named_parameters", "the parameters live on %s; gflow.torch.init() picked %s for this rank."
+                          % (dev, _device["torch"]), "move the model to gflow.torch.device(), or pass init(device=%d)." % dev.index)
+    _device["chosen"], _ = _capi.device_init(_device["transport"], dev.index)
 
 
 def is_initialized():
@@ -58,14 +122,27 @@ def size():
     return _capi.size()
 
 
-def compositions():
-    """{name: C++ policies} of the compositions compiled into the module."""
+def compositions(with_spaces=False):
+    """{name: C++ policies} of the compositions compiled into the module; with_spaces: {name: (policies,
+    memory spaces)}, the spaces among "cpu", "cuda/mpi" and "cuda/nccl"."""
+    if with_spaces:
+        return {n: (p, s) for n, p, s in _capi.compositions(True)}
     return dict(_capi.compositions())
 
 
 def canonical_name(name):
     """The menu spelling of a composition name: families in order, defaults left out."""
     return _capi.canonical_name(name)
+
+
+def _staged(t):
+    """A contiguous CPU tensor holding t's values (t itself where it is one), and a function that
+    writes it back into t (nothing to do where it is t): collectives on CUDA tensors go through
+    host memory, bitwise."""
+    if t.device.type == "cpu" and t.is_contiguous():
+        return t, lambda: None
+    c = t.detach().to("cpu", copy=True).contiguous()
+    return c, lambda: t.copy_(c)
 
 
 def _as_buffer(t):
@@ -96,17 +173,11 @@ def broadcast_parameters(params, root_rank=0):
             if not isinstance(t, torch.Tensor):
                 raise errors.make(errors.InvalidArgument, "params", "entry '%s' is a %s, not a tensor." % (name, type(t).__name__),
                                   "pass model.state_dict(), model.named_parameters() or a list of tensors.")
-            if t.device.type != "cpu":
-                raise errors.make(errors.InvalidArgument, "params", "tensor '%s' lives on %s; gflow.torch exchanges over MPI from host memory." % (name, t.device),
-                                  "keep the model on the CPU.")
             if t.numel() == 0:
                 continue
-            if t.is_contiguous():
-                _capi.broadcast_(_as_buffer(t), root_rank)
-            else:
-                c = t.contiguous()
-                _capi.broadcast_(_as_buffer(c), root_rank)
-                t.copy_(c)
+            c, write_back = _staged(t)  # CUDA tensors through host memory (once per training run)
+            _capi.broadcast_(_as_buffer(c), root_rank)
+            write_back()
 
 
 def broadcast_object(obj, root_rank=0):
@@ -128,21 +199,19 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
 
 
 def allreduce_average_(tensor):
-    """The average over the ranks of a float32 CPU tensor, in place (e.g. batch norm statistics)."""
+    """The average over the ranks of a float32 tensor, in place (e.g. batch norm statistics; CUDA
+    tensors go through host memory)."""
     with torch.no_grad():
-        if tensor.is_contiguous():
-            _capi.allreduce_average_(_as_buffer(tensor))
-        else:
-            c = tensor.contiguous()
-            _capi.allreduce_average_(_as_buffer(c))
-            tensor.copy_(c)
+        c, write_back = _staged(tensor)
+        _capi.allreduce_average_(_as_buffer(c))
+        write_back()
 
 
 def verify_replicas(params):
     """gflow::verify_replicas over float32 tensors: MismatchError on every rank naming the first
     tensor whose bits differ between ranks. Collective."""
     named = [(n, t) for n, t in _tensors(params) if t.dtype == torch.float32 and t.numel() > 0]
-    flat = torch.cat([t.detach().reshape(-1) for _, t in named]) if named else torch.zeros(0)
+    flat = torch.cat([t.detach().reshape(-1).cpu() for _, t in named]) if named else torch.zeros(0)
     _capi.verify_replicas(flat.numpy(), [n for n, _ in named], [t.numel() for _, t in named])
 
 

@@ -39,10 +39,10 @@ class _DistributedOptimizer:
                 raise errors.make(errors.InvalidArgument, "named_parameters", "parameter '%s' is listed twice." % n,
                                   "pass each parameter once (model.named_parameters() does).")
             seen.add(id(p))
-            if p.dtype != torch.float32 or p.device.type != "cpu":
+            if p.dtype != torch.float32 or p.device.type not in ("cpu", "cuda"):
                 raise errors.make(errors.InvalidArgument, "named_parameters",
-                                  "parameter '%s' is %s on %s; gflow.torch exchanges float32 gradients in host memory over MPI." %
-                                  (n, p.dtype, p.device), "keep the model in float32 on the CPU (model.float().cpu()).")
+                                  "parameter '%s' is %s on %s; gflow.torch exchanges float32 gradients on the CPU or on a CUDA device." %
+                                  (n, p.dtype, p.device), "keep the model in float32 (model.float()), on the CPU or on gflow.torch.device().")
         missing = [p for p in in_groups if p.requires_grad and id(p) not in seen]
         if missing:
             raise errors.make(errors.InvalidArgument, "named_parameters",
@@ -50,9 +50,14 @@ class _DistributedOptimizer:
                               "pass model.named_parameters() of the whole model the optimizer trains.")
         self._names = [n for n, _ in named]
         self._gparams = [p for _, p in named]
+        self._device = self._device_of(named)
+        on_device = self._device.type == "cuda"
+        if on_device:
+            from . import _device_world
+            _device_world(self._device)
         self._exchanger = _capi.Exchanger(composition, self._names, [list(p.shape) for p in self._gparams],
                                            find_unused=find_unused, learn_order=learn_order, uneven_inputs=uneven_inputs,
-                                           threshold_bytes=threshold_bytes)
+                                           threshold_bytes=threshold_bytes, on_device=on_device)
         self._exchanger.configure(float(sparsifier_momentum), int(warmup))
         self.composition = self._exchanger.name
         self.find_unused = find_unused
@@ -71,11 +76,38 @@ class _DistributedOptimizer:
             self._accumulators.append(acc)  # the node must stay alive for the hook to stay
         _live.add(self)
 
+    @staticmethod
+    def _device_of(named):
+        """The one device every parameter lives on (CUDA needs the library's device menu)."""
+        devices = sorted({str(p.device) for _, p in named})
+        if len(devices) > 1:
+            raise errors.make(errors.InvalidArgument, "named_parameters", "the parameters live on %s; one exchanger pools them on one device."
+                              % ", ".join(devices), "move the whole model to one device (model.to(gflow.torch.device())).")
+        dev = named[0][1].device if named else torch.device("cpu")
+        if dev.type == "cuda":
+            built, _, why = _capi.cuda_support()
+            if not built:
+                raise errors.make(errors.UsageError, "named_parameters", "the parameters live on %s, and gflow.torch has no CUDA support here: %s."
+                                  % (dev, why), "build gflow where nvcc and NCCL are found (libgflow_capi_cuda.so), or train on the CPU.")
+        return dev
+
+    def _stream(self):
+        """torch's current CUDA stream on the pool's device (an integer cudaStream_t), or None on the CPU."""
+        if self._device.type != "cuda":
+            return None
+        return torch.cuda.current_stream(self._device).cuda_stream or None  # the legacy default stream is 0: pass NULL
+
     # ---- the pool ------------------------------------------------------------------------
+    def _pool_tensor(self):
+        pool = self._exchanger.pool()
+        if isinstance(pool, _capi.CudaPoolView):
+            return torch.as_tensor(pool, device=torch.device("cuda", pool.device))
+        return torch.from_numpy(pool)
+
     def _bind(self, moved=False):
         """.grad of every parameter = its slot in the exchanger's pool (zero copy). At construction a
         .grad that exists is copied in; after a move (moved=True) the exchanger has moved the values."""
-        self._pool = torch.from_numpy(self._exchanger.pool())
+        self._pool = self._pool_tensor()
         self._generation = self._exchanger.generation
         offsets = self._exchanger.offsets()
         self._views = []
@@ -103,13 +135,13 @@ class _DistributedOptimizer:
                     v.copy_(p.grad)
                 p.grad = v
             self._hooks_seen.append(i)
-            self._exchanger.ready(i)
+            self._exchanger.ready(i, self._stream())
         return hook
 
     # ---- the optimizer -------------------------------------------------------------------
     def synchronize(self):
         """finish(): the averaged gradients in every .grad (identical bits on every rank)."""
-        status = self._exchanger.finish()
+        status = self._exchanger.finish(self._stream())
         self._rebind_if_moved()
         self.last_status = status
         self._hooks_seen = []
@@ -169,10 +201,10 @@ class _DistributedOptimizer:
                     step()
                 else:
                     self.skipped += 1
-            status = self._exchanger.join(step=after_each)
+            status = self._exchanger.join(step=after_each, stream=self._stream())
             self._rebind_if_moved()
             return status
-        status = self._exchanger.join()
+        status = self._exchanger.join(stream=self._stream())
         self._rebind_if_moved()
         broadcast_parameters(self._gparams, status.last_rank)
         broadcast_optimizer_state(self, status.last_rank)
@@ -304,7 +336,7 @@ class _ShardedStep(torch.optim.Optimizer):
         """The weights laid out like the pool (the parameters' .data views of them, their values
         kept) and one flat view per non-empty range of this rank's shard, its .grad the pool's slice."""
         ex = self._exchanger
-        weights = torch.empty(self._pool.numel(), dtype=torch.float32)
+        weights = torch.empty(self._pool.numel(), dtype=torch.float32, device=self._pool.device)
         for p, off in zip(self._gparams, ex.offsets()):
             n = p.numel()
             weights.narrow(0, off, n).copy_(p.detach().reshape(-1))
@@ -353,7 +385,10 @@ class _ShardedStep(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         self.inner.step()
-        self._exchanger.gather_shards(self._weights.numpy())
+        if self._weights.device.type == "cuda":
+            self._exchanger.gather_shards((self._weights.data_ptr(), self._weights.numel()), self._stream())
+        else:
+            self._exchanger.gather_shards(self._weights.numpy())
 
     def _shard_views(self):
         return list(self.inner.param_groups[0]["params"])
@@ -381,7 +416,7 @@ class _ShardedStep(torch.optim.Optimizer):
                                   "the shard's views hold different state (keys, or per-parameter values such as a step count); "
                                   "a checkpoint packs one array per key over the whole shard.",
                                   "step every view together (ShardedOptimizer.step() does), then save.")
-        arrays = [torch.cat([st[k].reshape(-1) for st in state]).numpy() for k in keys]
+        arrays = [torch.cat([st[k].reshape(-1) for st in state]).cpu().numpy() for k in keys]
         ex = self._exchanger
         set_dir = _set_dir(root, ex.iteration)
         os.makedirs(set_dir, exist_ok=True)
@@ -424,7 +459,7 @@ class _ShardedStep(torch.optim.Optimizer):
         at = 0
         for w in self._shard_views():
             n = w.numel()
-            st = {k: torch.from_numpy(a[at:at + n].copy()).view(w.shape) for k, a in zip(meta["keys"], arrays)}
+            st = {k: torch.from_numpy(a[at:at + n].copy()).view(w.shape).to(w.device) for k, a in zip(meta["keys"], arrays)}
             for k, v in meta["scalars"].items():
                 st[k] = v.clone() if torch.is_tensor(v) else v
             if st:
@@ -485,11 +520,12 @@ class CSCSGD(torch.optim.Optimizer):
             raise errors.make(errors.UsageError, "CSCSGD", "CSCSGD steps the chunks a CSC exchange selected; this optimizer has no CSC exchanger.",
                               "wrap it: gflow.torch.DistributedOptimizer(CSCSGD(...), model.named_parameters(), composition=\"csc=4096:15\").")
         chunk = ex.chunk_elems()
-        selected = torch.zeros(self._pool.numel(), dtype=torch.bool)
-        chosen = torch.tensor(ex.selected_chunks(), dtype=torch.long)
+        dev = self._pool.device
+        selected = torch.zeros(self._pool.numel(), dtype=torch.bool, device=dev)
+        chosen = torch.tensor(ex.selected_chunks(), dtype=torch.long, device=dev)
         if chosen.numel():
             starts = chosen * chunk
-            idx = (starts.unsqueeze(1) + torch.arange(chunk).unsqueeze(0)).reshape(-1)
+            idx = (starts.unsqueeze(1) + torch.arange(chunk, device=dev).unsqueeze(0)).reshape(-1)
             selected[idx[idx < selected.numel()]] = True
         group = self.param_groups[0]
         lr, m = group["lr"], group["momentum"]
