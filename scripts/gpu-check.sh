@@ -16,7 +16,11 @@
 #      torch.topk when Python's torch imports);
 #   5. runs gflow_bench_exchange_device (resnet50, d = 0.001, GTopK / TopK / OkTopK) at 1 and 4
 #      ranks in one process (inproc_device) and at 4 processes under mpiexec (mpi_device);
-#   6. prints every target MET / MISSED (bench/device_targets.py).
+#   6. runs gflow.torch on CUDA tensors: tests/python/test_gflow_torch_cuda.py (pytest -m cuda) under
+#      mpiexec at 1, 2 and 4 processes on the one GPU, against the C++ reference's files, and one
+#      epoch of examples/python/train.py --device cuda at 2 ranks (--check-acc 65), with the
+#      machine's Python (GFLOW_PYTHON, default python3: it must import torch with CUDA);
+#   7. prints every target MET / MISSED (bench/device_targets.py).
 # GFLOW_GPU_PREBUILT=DIR skips step 1 (without it the script builds: about 400 s of a lease on
 # an H200's 16 cores): DIR holds the binaries built elsewhere for this GPU, as
 # scripts/gpu-bundle.sh lays them out (DIR/lib: shared libraries, linked in only where the machine
@@ -25,14 +29,15 @@
 # tree's .git may be stale).
 # The flow a session with a lent GPU follows, from the repository root:
 #   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGFLOW_CUDA_ARCHITECTURES=90
-#   cmake --build build -j2 --target gflow_cuda_tests gflow_cuda_mpi_tests gflow_bench_device gflow_bench_exchange_device
+#   cmake --build build -j2 --target gflow_cuda_tests gflow_cuda_mpi_tests gflow_bench_device gflow_bench_exchange_device \
+#                                    gflow_python_cuda gflow_python_reference
 #                                           (about 25 minutes on 2 cores)
 #   bash scripts/gpu-bundle.sh build        (.gpu/, about 30 MB, ignored by git)
 #   then, through the device tool with carry [".gpu"]:  GFLOW_GPU_PREBUILT=$PWD/.gpu bash scripts/gpu-check.sh
 #   (OUT_DIR defaults to $OUT there, so the results come back).
 # Results go to OUT_DIR (default: $OUT when set, else results/gpu-check-<UTC time>): build.log,
 # tests.log, mpi.log, kernels_device.jsonl (one JSON object per kernel), kernels_device.txt (the
-# table), exchange_device.jsonl / .txt, summary.txt. Exit status: 0 when every step passed, else 1
+# table), exchange_device.jsonl / .txt, python_cuda.log, summary.txt. Exit status: 0 when every step passed, else 1
 # (a missed speed target is reported, not a failure). Time on an H200 (2026-11-28): the build 395 s,
 # the three CUDA suites 20 s, the kernel benchmark with torch.topk about 15 s; the whole script with
 # prebuilt binaries has not been timed in one piece yet.
@@ -76,7 +81,10 @@ if [[ -n "${GFLOW_GPU_PREBUILT:-}" ]]; then
   # bundle's (an older PMIx, say) would shadow the machine's MPI runtime.
   libdir="$(mktemp -d /tmp/gflow-gpu-libs.XXXXXX)"
   export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  for bin in "$tests_bin" "$mpi_bin" "$bench_dir/bench/gflow_bench_device" "$bench_dir/bench/gflow_bench_exchange_device"; do
+  py_pkg="$GFLOW_GPU_PREBUILT/python"
+  py_ref="$GFLOW_GPU_PREBUILT/python/gflow_python_reference"
+  for bin in "$tests_bin" "$mpi_bin" "$bench_dir/bench/gflow_bench_device" "$bench_dir/bench/gflow_bench_exchange_device" \
+             "$py_pkg/gflow/libgflow_capi_cuda.so" "$py_ref"; do
     [[ -f "$bin" ]] || continue
     for lib in $(ldd "$bin" 2>/dev/null | awk '/not found/ {print $1}'); do
       found="$(find /usr/local/cuda/lib64/ /usr/local/cuda/lib/ /usr/local/cuda/targets/ /usr/lib/ /opt/ /usr/local/lib/ \
@@ -93,10 +101,13 @@ else
   tests_bin="$build/tests/cuda/gflow_cuda_tests"
   mpi_bin="$build/tests/cuda/gflow_cuda_mpi_tests"
   bench_dir="$build"
+  py_pkg="$build/python"
+  py_ref="$build/tests/python/gflow_python_reference"
   step_start "build"
   if cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGFLOW_BUILD_EXAMPLES=OFF "${archs[@]}" > "$out/build.log" 2>&1 &&
      grep -q "CUDA ON" "$out/build.log" &&
-     cmake --build "$build" -j"$jobs" --target gflow_cuda_tests gflow_cuda_mpi_tests gflow_bench_device gflow_bench_exchange_device gflow_nccl_sparse_compile >> "$out/build.log" 2>&1; then
+     cmake --build "$build" -j"$jobs" --target gflow_cuda_tests gflow_cuda_mpi_tests gflow_bench_device gflow_bench_exchange_device gflow_nccl_sparse_compile \
+       gflow_python_cuda gflow_python_reference >> "$out/build.log" 2>&1; then
     step_end "build" "ok"
   else
     step_end "build" "FAILED (see build.log)"
@@ -204,6 +215,43 @@ for run in "${runs[@]}"; do
 done
 grep -vE '^  [0-9]+ of [0-9]+ rounds' "$out/exchange_device.txt" | tee -a "$summary"
 step_end "bench exchange_device" "done"
+step_start "gflow.torch on CUDA"
+py="${GFLOW_PYTHON:-python3}"
+: > "$out/python_cuda.log"
+pyenv_=(env PYTHONPATH="$py_pkg${GFLOW_GPU_PREBUILT:+:$py_pkg/site}" OMPI_MCA_rmaps_base_oversubscribe=1)
+if [[ $mpi_ok != 1 ]]; then
+  note "  gflow.torch: not run (no mpiexec, see above)"; status=1
+elif ! "$py" -c 'import torch, numpy, pytest, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >> "$out/python_cuda.log" 2>&1; then
+  note "  gflow.torch: not run: $py cannot import torch (with CUDA), numpy and pytest (see python_cuda.log)"; status=1
+else
+  refdir="$out/python_reference"; mkdir -p "$refdir"
+  for np in 1 2 4; do
+    s0=$(date +%s)
+    echo "== reference and pytest -m cuda, $np process(es)" >> "$out/python_cuda.log"
+    timeout 120 "${mpirun_[@]}" -n "$np" "$py_ref" "$refdir" >> "$out/python_cuda.log" 2>&1 &&
+      timeout "$limit" "${mpirun_[@]}" -n "$np" "${pyenv_[@]}" GFLOW_REFERENCE_DIR="$refdir" GFLOW_SKIPPED_EXIT=77 "$py" -m pytest -q -x -rs --color=no \
+        -p no:cacheprovider -m cuda "$root/tests/python/test_gflow_torch_cuda.py" >> "$out/python_cuda.log" 2>&1
+    rc=$?
+    case $rc in
+      0) note "  gflow.torch pytest -m cuda, $np process(es): ok ($(( $(date +%s) - s0 )) s)" ;;
+      77) note "  gflow.torch pytest -m cuda, $np process(es): SKIPPED: no GPU seen (see python_cuda.log)"; status=1 ;;
+      *) note "  gflow.torch pytest -m cuda, $np process(es): FAILED, exit $rc (see python_cuda.log)"; status=1 ;;
+    esac
+  done
+  data=/usr/share/datasets/fashion-mnist
+  [[ -n "${GFLOW_GPU_PREBUILT:-}" && -d "$GFLOW_GPU_PREBUILT/python/data" ]] && data="$GFLOW_GPU_PREBUILT/python/data"
+  for c in dense "fp16+fusion=4MiB+topk=0.01+funneled"; do
+    echo "== train.py --device cuda --composition $c" >> "$out/python_cuda.log"
+    timeout "$limit" "${mpirun_[@]}" -n 2 "${pyenv_[@]}" "$py" "$root/examples/python/train.py" --device cuda --data "$data" --epochs 1 \
+      --train-limit 6400 --check-acc 65 --composition "$c" --warmup-iters 20 >> "$out/python_cuda.log" 2>&1
+    rc=$?
+    res="$(grep '^RESULT ' "$out/python_cuda.log" | tail -1)"
+    if [[ $rc == 0 ]]; then note "  train.py --device cuda $c: ok: $res"; else note "  train.py --device cuda $c: FAILED, exit $rc: $res"; status=1; fi
+  done
+  grep -E 'FAILED|Error|SKIPPED' "$out/python_cuda.log" | sort | uniq | head -20 | tee -a "$summary" >&2
+fi
+step_end "gflow.torch on CUDA" "done"
+
 python3 "$root/bench/device_targets.py" "$out/kernels_device.jsonl" "$out/exchange_device.jsonl" 2>&1 | tee -a "$summary"
 note "results in $out"
 exit "$status"
