@@ -19,8 +19,12 @@
 #   6. runs gflow.torch on CUDA tensors: tests/python/test_gflow_torch_cuda.py (pytest -m cuda) under
 #      mpiexec at 1, 2 and 4 processes on the one GPU, against the C++ reference's files, and one
 #      epoch of examples/python/train.py --device cuda at 2 ranks (--check-acc 65), with the
-#      machine's Python (GFLOW_PYTHON, default python3: it must import torch with CUDA);
+#      machine's Python (GFLOW_PYTHON, default python3: it must import torch with CUDA), then
+#      bench/ddp_gloo.py --device cuda --gflow fusion=4MiB (resnet50) at 1, 2 and 4 processes:
+#      gflow.torch's exchange against DDP over gloo and against the same calls in C++;
 #   7. prints every target MET / MISSED (bench/device_targets.py).
+# GFLOW_GPU_STEPS picks steps 2-6 (default all: "tests mpi kernels exchange python"), e.g.
+# GFLOW_GPU_STEPS=python for gflow.torch alone, so that each call fits the device tool's 10 minutes.
 # GFLOW_GPU_PREBUILT=DIR skips step 1 (without it the script builds: about 400 s of a lease on
 # an H200's 16 cores): DIR holds the binaries built elsewhere for this GPU, as
 # scripts/gpu-bundle.sh lays them out (DIR/lib: shared libraries, linked in only where the machine
@@ -37,7 +41,7 @@
 #   (OUT_DIR defaults to $OUT there, so the results come back).
 # Results go to OUT_DIR (default: $OUT when set, else results/gpu-check-<UTC time>): build.log,
 # tests.log, mpi.log, kernels_device.jsonl (one JSON object per kernel), kernels_device.txt (the
-# table), exchange_device.jsonl / .txt, python_cuda.log, summary.txt. Exit status: 0 when every step passed, else 1
+# table), exchange_device.jsonl / .txt, python_cuda.log, python_cuda_bench.jsonl, summary.txt. Exit status: 0 when every step passed, else 1
 # (a missed speed target is reported, not a failure). Time on an H200 (2026-11-28): the build 395 s,
 # the three CUDA suites 20 s, the kernel benchmark with torch.topk about 15 s; the whole script with
 # prebuilt binaries has not been timed in one piece yet.
@@ -51,6 +55,8 @@ summary="$out/summary.txt"
 : > "$summary"
 status=0
 note() { echo "$*" | tee -a "$summary"; }
+steps=" ${GFLOW_GPU_STEPS:-tests mpi kernels exchange python} "
+want() { [[ "$steps" == *" $1 "* ]]; }
 step_start() { t0=$(date +%s); echo "== $1" >&2; }
 step_end() { note "$1: $2 ($(( $(date +%s) - t0 )) s)"; }
 
@@ -116,6 +122,7 @@ else
   fi
 fi
 
+if want tests; then
 step_start "CUDA tests"
 : > "$out/tests.log"
 limit="${GFLOW_GPU_TEST_TIMEOUT:-300}"  # seconds per suite: a hung collective is the usual failure
@@ -154,20 +161,23 @@ for x in "A $ra $tmpa" "B $rb $tmpb"; do
 done
 rm -f "$tmpa" "$tmpb"
 step_end "device suite, two processes at once" "done"
+fi
 
-step_start "CUDA tests under mpiexec"
 # Open MPI inside a container: no single-copy (CMA) between the ranks, the ob1 PML over shared
 # memory and TCP (no UCX), no warnings about unused network components.
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_base_warn_component_unused=0
 mpirun_=(mpiexec --allow-run-as-root --oversubscribe --bind-to none)
 : > "$out/mpi.log"
 mpi_ok=0
+want mpi && step_start "CUDA tests under mpiexec"
 if ! command -v mpiexec >/dev/null; then
   note "  mpiexec: not found (no MPI here and no bundle): the mpi_device checks did NOT run"; status=1
 elif ! timeout 60 "${mpirun_[@]}" -n 2 true >> "$out/mpi.log" 2>&1; then
   note "  mpiexec: cannot start 2 processes here (see mpi.log): the mpi_device checks did NOT run"; status=1
 elif [[ ! -x "$mpi_bin" ]]; then
   note "  gflow_cuda_mpi_tests: not built: the mpi_device checks did NOT run"; status=1
+elif ! want mpi; then
+  mpi_ok=1
 else
   mpi_ok=1
   for np in 1 2 4; do
@@ -186,8 +196,9 @@ else
   done
   grep -E 'FAILED|reported, not required' "$out/mpi.log" | sort | uniq | head -30 | tee -a "$summary" >&2
 fi
-step_end "CUDA tests under mpiexec" "$([[ $status == 0 ]] && echo ok || echo 'with failures')"
+want mpi && step_end "CUDA tests under mpiexec" "$([[ $status == 0 ]] && echo ok || echo 'with failures')"
 
+if want kernels; then
 step_start "bench kernels --device"
 if GFLOW_BENCH_DEVICE_BUILD="$bench_dir" GFLOW_BENCH_PREBUILT="${GFLOW_GPU_PREBUILT:+1}" "$root/bench/run" kernels --device > "$out/kernels_device.jsonl" 2> "$out/kernels_device.txt"; then
   step_end "bench kernels --device" "ok"
@@ -196,7 +207,9 @@ else
   status=1
 fi
 cat "$out/kernels_device.txt" | tee -a "$summary"
+fi
 
+if want exchange; then
 step_start "bench exchange_device"
 exbin="$bench_dir/bench/gflow_bench_exchange_device"
 : > "$out/exchange_device.jsonl"
@@ -215,13 +228,16 @@ for run in "${runs[@]}"; do
 done
 grep -vE '^  [0-9]+ of [0-9]+ rounds' "$out/exchange_device.txt" | tee -a "$summary"
 step_end "bench exchange_device" "done"
+fi
+
+if want python; then
 step_start "gflow.torch on CUDA"
 py="${GFLOW_PYTHON:-python3}"
 : > "$out/python_cuda.log"
 pyenv_=(env PYTHONPATH="$py_pkg${GFLOW_GPU_PREBUILT:+:$py_pkg/site}" OMPI_MCA_rmaps_base_oversubscribe=1)
 if [[ $mpi_ok != 1 ]]; then
   note "  gflow.torch: not run (no mpiexec, see above)"; status=1
-elif ! "$py" -c 'import torch, numpy, pytest, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >> "$out/python_cuda.log" 2>&1; then
+elif ! "${pyenv_[@]}" "$py" -c 'import torch, numpy, pytest, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >> "$out/python_cuda.log" 2>&1; then
   note "  gflow.torch: not run: $py cannot import torch (with CUDA), numpy and pytest (see python_cuda.log)"; status=1
 else
   refdir="$out/python_reference"; mkdir -p "$refdir"
@@ -248,10 +264,25 @@ else
     res="$(grep '^RESULT ' "$out/python_cuda.log" | tail -1)"
     if [[ $rc == 0 ]]; then note "  train.py --device cuda $c: ok: $res"; else note "  train.py --device cuda $c: FAILED, exit $rc: $res"; status=1; fi
   done
+  # Speed (issue targets: gflow_backward at most 0.6x ddp_backward at 2 and 4 ranks on one GPU;
+  # gflow_python within 5% of gflow_cpp; gflow_backward at most 1.03x local_backward at 1 rank).
+  : > "$out/python_cuda_bench.jsonl"
+  for np in 1 2 4; do
+    echo "== bench/ddp_gloo.py --device cuda, $np process(es)" >> "$out/python_cuda.log"
+    if timeout "$limit" "${mpirun_[@]}" -n "$np" "${pyenv_[@]}" "$py" "$root/bench/ddp_gloo.py" --device cuda --layout resnet50 --gflow fusion=4MiB \
+         --iters 8 --warmup 2 >> "$out/python_cuda_bench.jsonl" 2>> "$out/python_cuda.log"; then
+      note "  gflow.torch speed, $np process(es): $(grep '^gflow_backward / ddp_backward' "$out/python_cuda.log" | tail -1)"
+    else
+      note "  gflow.torch speed, $np process(es): FAILED (see python_cuda.log)"; status=1
+    fi
+  done
   grep -E 'FAILED|Error|SKIPPED' "$out/python_cuda.log" | sort | uniq | head -20 | tee -a "$summary" >&2
 fi
 step_end "gflow.torch on CUDA" "done"
+fi
 
-python3 "$root/bench/device_targets.py" "$out/kernels_device.jsonl" "$out/exchange_device.jsonl" 2>&1 | tee -a "$summary"
+if [[ -s "$out/kernels_device.jsonl" && -s "$out/exchange_device.jsonl" ]]; then
+  python3 "$root/bench/device_targets.py" "$out/kernels_device.jsonl" "$out/exchange_device.jsonl" 2>&1 | tee -a "$summary"
+fi
 note "results in $out"
 exit "$status"

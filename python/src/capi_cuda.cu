@@ -71,7 +71,7 @@ class cuda_world final : public device_support {
     if (transport != "auto" && transport != "nccl" && transport != "mpi")
       throw invalid_argument("transport", "'" + transport + "' is not a device transport.", "pass 'auto', 'nccl' or 'mpi'.");
     if (initialized()) {
-      if ((transport == "auto" || transport == asked_) && (device < 0 || device == device_)) return;
+      if ((transport == "auto" || transport == asked_ || transport == chosen()) && (device < 0 || device == device_)) return;
       throw usage_error("transport",
                         fmt::format("the device transport already exists ({} on device {}); it was asked again as {} on device {}.", chosen(), device_,
                                     transport, device),

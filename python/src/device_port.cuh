@@ -13,9 +13,16 @@
 //   - gather_shards(values): the transport's stream waits for s (the optimizer's step wrote the
 //     shard there), and s waits for the gather.
 //   - join(step): s waits for each shadowed iteration's exchange before the step runs.
+//   - finish() and join() first make the transport's stream wait for s: their pool writes that
+//     come before any bucket's launch (find_unused's and the shadow iterations' zero fills) must
+//     not overtake what s still reads of the pool (the previous step's .grad); so does each
+//     shadow iteration after the step.
+// The factory builds the exchanger with the transport's device current, so that its pool and
+// buffers are allocated there.
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <string>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -34,7 +41,7 @@ class device_port_for final : public port_for<Exchange, Transport> {
 
  public:
   device_port_for(Transport& t, Layout layout, exchange_options o) : base(t, std::move(layout), o), t_(&t) {
-    gflow::detail::cuda::device_guard g(t.device());
+    gflow::detail::cuda::device_guard g(t.device());  // the factory made it current for base's allocations too
     cudaEvent_t e = nullptr;
     gflow::detail::cuda::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags for gflow.torch's exchange event");
     done_.reset(e);
@@ -51,6 +58,7 @@ class device_port_for final : public port_for<Exchange, Transport> {
   }
 
   exchange_status finish() override {
+    exchange_waits();
     exchange_status st = base::finish();
     user_waits();
     return st;
@@ -63,10 +71,12 @@ class device_port_for final : public port_for<Exchange, Transport> {
   }
 
   join_status join(const std::function<void(const exchange_status&)>& after_each) override {
+    exchange_waits();
     if (!after_each) return base::join(after_each);
     return base::join([this, &after_each](const exchange_status& st) {
       user_waits();
       after_each(st);
+      exchange_waits();  // the next shadow iteration zero-fills the pool the step may still read
     });
   }
 
@@ -95,14 +105,27 @@ class device_port_for final : public port_for<Exchange, Transport> {
   std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, event_destroy> done_;
 };
 
-/// Registers Exchange for device memory over MPI and (where NCCL is there) over NCCL.
+/// A device port over *t, built with t's device current (the pool is allocated on the current device).
+template <class Exchange, class Transport>
+std::unique_ptr<port> make_device_port(void* t, Layout layout, exchange_options o) {
+  Transport& tr = *static_cast<Transport*>(t);
+  gflow::detail::cuda::device_guard g(tr.device());
+  return std::make_unique<device_port_for<Exchange, Transport>>(tr, std::move(layout), o);
+}
+
+/// Registers Exchange for device memory over MPI and (where NCCL is there) over NCCL, under its
+/// derived name and `alias`.
 template <class Exchange>
 struct device_registrar {
   explicit device_registrar(const char* policies, const char* alias = nullptr) {
-    registrar<Exchange, space::device_mpi, device_port_for<Exchange, mpi_device::transport>, mpi_device::transport> on_mpi(policies, alias);
+    const std::string name = composition_name<typename Exchange::policies>();
+    for (const char* n : {name.c_str(), alias}) {
+      if (!n || !*n) continue;
+      register_composition(n, policies, space::device_mpi, &make_device_port<Exchange, mpi_device::transport>);
 #if __has_include(<nccl.h>)
-    registrar<Exchange, space::device_nccl, device_port_for<Exchange, nccl::transport>, nccl::transport> on_nccl(policies, alias);
+      register_composition(n, policies, space::device_nccl, &make_device_port<Exchange, nccl::transport>);
 #endif
+    }
   }
 };
 

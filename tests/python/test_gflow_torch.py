@@ -343,6 +343,9 @@ def test_device_requests_are_checked_where_there_is_no_gpu():
     with pytest.raises(errors.InvalidArgument) as e:
         gt.init(transport="gloo")
     assert e.value.subject == "transport" and "'nccl'" in e.value.fix
+    with pytest.raises(errors.InvalidArgument) as e:
+        gt.init(device="tpu")
+    assert e.value.subject == "device" and "'cuda:<i>'" in e.value.fix
     if gpus == 0:
         with pytest.raises(errors.UsageError) as e:
             gt.init(device=0)  # MPI is up already: only the device request is refused

@@ -55,7 +55,7 @@ def grads(params):
 def test_the_device_transport_is_chosen_and_a_wrong_choice_refused():
     """First test: the device transport does not exist yet. Two ranks on one GPU: NCCL is refused on
     every rank with a UsageError naming the fix, and 'auto' then picks MPI."""
-    on_one_gpu = P > 1 and GPUS == 1
+    on_one_gpu = gt.local_rank()[1] > GPUS  # more ranks on this node than GPUs: two of them share one
     if on_one_gpu:
         with pytest.raises(errors.UsageError) as e:
             _capi.device_init("nccl", DEV.index)
@@ -88,8 +88,9 @@ def test_bitwise_equal_to_the_cpp_exchanger(composition):
 
 
 def test_the_exchange_waits_for_backward_on_a_busy_stream():
-    """Backward on a side stream that first spins for a while: the hooks hand that stream to
-    ready(), so the exchange must wait for it. Without the ordering it would read the zeroed pool."""
+    """Forward and backward on a side stream that first spins for a while. The hooks hand ready()
+    the stream autograd runs each AccumulateGrad on (after waiting for the side stream's work), so
+    the exchange must wait for backward's writes. Without the ordering it would read the zeroed pool."""
     params, opt = make("fusion=4MiB", DEV)
     ref_params, ref = make("fusion=4MiB", "cpu")
     side = torch.cuda.Stream(DEV)
@@ -140,8 +141,10 @@ def test_sharded_optimizer_matches_the_cpu_bitwise():
     results = []
     for device in (DEV, "cpu"):
         params = [torch.nn.Parameter(torch.full(s, 0.5, device=device)) for s in SHAPES]
+        # lr and momentum powers of two: every product is exact, so a fused multiply-add on one
+        # device and separate operations on the other give the same bits
         opt = gt.ShardedOptimizer(torch.optim.SGD, [("p%d" % i, p) for i, p in enumerate(params)], composition="fusion=4MiB+shard",
-                                  lr=0.01, momentum=0.9)
+                                  lr=0.25, momentum=0.5)
         for it in range(4):
             opt.zero_grad()
             backward(params, it)
@@ -187,6 +190,27 @@ def test_join_with_uneven_inputs_on_the_gpu():
     assert opt.join().last_rank == P - 1
     gt.verify_replicas([p.detach() for p in params])
     opt.close()
+
+
+def test_cscsgd_and_the_timeline_on_the_gpu():
+    """CSCSGD steps the chunks the CSC exchange selected, on CUDA as on the CPU (the same torch ops,
+    bit for bit), and the timeline records a CUDA optimizer's exchanges."""
+    results = []
+    for device in (DEV, "cpu"):
+        params, opt = make("csc=4096:15", device, shapes=[(64, 100), (300,)],
+                           optimizer=lambda ps: gt.CSCSGD(ps, lr=0.05, momentum=0.9), sparsifier_momentum=0.9)
+        path = os.path.join(os.environ.get("GFLOW_REFERENCE_DIR", "."), "timeline_cuda.%s.%d.json" % (torch.device(device).type, P))
+        with gt.timeline(opt, path):
+            for it in range(3):
+                opt.zero_grad()
+                backward(params, it)
+                opt.step()
+        if R == 0:
+            text = open(path).read()
+            assert '"ready"' in text and '"finish"' in text
+        results.append(torch.cat([p.detach().reshape(-1) for p in params]).cpu().numpy().copy())
+        opt.close()
+    assert results[0].tobytes() == results[1].tobytes()
 
 
 def test_parameters_on_two_devices_are_refused():

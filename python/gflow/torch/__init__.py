@@ -51,9 +51,17 @@ def init(transport="auto", device=None):
     made when the first CUDA DistributedOptimizer is (collective there)."""
     if transport not in ("auto", "nccl", "mpi"):
         raise errors.make(errors.InvalidArgument, "transport", "'%s' is not a device transport." % (transport,), "pass 'auto', 'nccl' or 'mpi'.")
+    if isinstance(device, torch.device):
+        device = "cpu" if device.type == "cpu" else (device.index if device.index is not None else None)
+    elif isinstance(device, str) and device != "cpu":
+        if device != "cuda" and not device.startswith("cuda:"):
+            raise errors.make(errors.InvalidArgument, "device", "'%s' is not a device gflow.torch trains on." % device,
+                              "pass None (the node-local rank's GPU where there is one), 'cpu', 'cuda', 'cuda:<i>' or a GPU index.")
+        device = int(device[5:]) if device.startswith("cuda:") else None
     if not _capi.initialized():
         _capi.init()
         atexit.register(shutdown)
+    local = local_rank()[0]  # collective (MPI_Comm_split_type): every rank calls it, GPU or not
     _device["transport"] = transport
     built, devices, why = _capi.cuda_support()
     if device == "cpu" or (device is None and not (built and devices > 0 and torch.cuda.is_available())):
@@ -65,7 +73,7 @@ def init(transport="auto", device=None):
     if not torch.cuda.is_available() or devices == 0:
         raise errors.make(errors.UsageError, "device", "a GPU was asked for, and this process sees none (torch: %s, gflow: %d devices)."
                           % (torch.cuda.is_available(), devices), "run where a GPU is visible (CUDA_VISIBLE_DEVICES), or init(device='cpu').")
-    index = local_rank()[0] % devices if device is None else int(device)
+    index = local % devices if device is None else int(device)
     if not 0 <= index < devices:
         raise errors.make(errors.InvalidArgument, "device", "CUDA device %d does not exist; this process sees %d." % (index, devices),
                           "pass a device in [0, %d), or None for the node-local rank's." % devices)
@@ -180,20 +188,21 @@ def broadcast_parameters(params, root_rank=0):
             write_back()
 
 
-def broadcast_object(obj, root_rank=0):
-    """Rank root_rank's `obj` (anything torch.save can write) on every rank. Collective."""
+def broadcast_object(obj, root_rank=0, map_location=None):
+    """Rank root_rank's `obj` (anything torch.save can write) on every rank. Collective.
+    map_location: as torch.load's (CUDA tensors come back on the root's device index otherwise)."""
     data = b""
     if rank() == root_rank:
         buf = io.BytesIO()
         torch.save(obj, buf)
         data = buf.getvalue()
     data = _capi.broadcast_bytes(data, root_rank)
-    return torch.load(io.BytesIO(data))
+    return torch.load(io.BytesIO(data), map_location=map_location)
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0):
     """Rank root_rank's optimizer state (momentum buffers, step counts, hyper-parameters) on every rank."""
-    state = broadcast_object(optimizer.state_dict(), root_rank)
+    state = broadcast_object(optimizer.state_dict(), root_rank, map_location="cpu")  # load_state_dict moves it to the parameters' device
     if rank() != root_rank:
         optimizer.load_state_dict(state)
 

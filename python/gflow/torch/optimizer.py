@@ -87,7 +87,7 @@ class _DistributedOptimizer:
         if dev.type == "cuda":
             built, _, why = _capi.cuda_support()
             if not built:
-                raise errors.make(errors.UsageError, "named_parameters", "the parameters live on %s, and gflow.torch has no CUDA support here: %s."
+                raise errors.make(errors.UsageError, "device", "the parameters live on %s, and gflow.torch has no CUDA support here: %s."
                                   % (dev, why), "build gflow where nvcc and NCCL are found (libgflow_capi_cuda.so), or train on the CPU.")
         return dev
 
@@ -261,6 +261,10 @@ class _DistributedOptimizer:
         if getattr(self, "_exchanger", None) is not None:
             for p in self._gparams:
                 p.grad = None if p.grad is None else p.grad.clone()  # off the pool before it goes
+            inner = getattr(self, "inner", None)  # ShardedOptimizer: its shard views' .grad are slices of the pool too
+            for g in (inner.param_groups if inner is not None else []):
+                for w in g["params"]:
+                    w.grad = None
             self._views = []
             self._pool = None
             self._exchanger = None
