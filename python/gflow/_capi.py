@@ -110,6 +110,7 @@ def _load():
         "gflow_selected_chunks": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_p_u32), ctypes.POINTER(_u64), ctypes.POINTER(_u64)]),
         "gflow_configure": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_double, _u64]),
         "gflow_set_timeline": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
+        "gflow_run_iterations": (ctypes.c_int, [ctypes.c_void_p, _u64, ctypes.c_void_p, ctypes.POINTER(ctypes.c_double)]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)
@@ -359,10 +360,14 @@ class Exchanger:
         _call(_lib.gflow_describe(handle, ctypes.byref(name), ctypes.byref(dense), ctypes.byref(sharded), ctypes.byref(device)))
         self.name, self.dense, self.sharded, self.device = _text(name.value), bool(dense.value), bool(sharded.value), device.value
 
-    def __del__(self):
+    def close(self):
+        """Frees the exchanger now (before MPI is finalised); a pool view taken earlier must be gone."""
         if getattr(self, "_handle", None) and _lib is not None:
             _lib.gflow_exchanger_free(self._handle)
             self._handle = None
+
+    def __del__(self):
+        self.close()
 
     def pool(self):
         """The gradient pool over the exchanger's memory (no copy), alive as long as what is returned: a float32
@@ -491,6 +496,13 @@ class Exchanger:
 
     def configure(self, momentum, warmup):
         _call(_lib.gflow_configure(self._handle, float(momentum), int(warmup)))
+
+    def run_iterations(self, iterations, stream=None):
+        """Seconds for `iterations` iterations of ready(count - 1) ... ready(0) and finish() in a C++ loop
+        (the binding's yardstick: the same calls made from Python cost the binding's overhead more)."""
+        out = ctypes.c_double()
+        _call(_lib.gflow_run_iterations(self._handle, int(iterations), stream, ctypes.byref(out)))
+        return out.value
 
     def set_timeline(self, timeline):
         _call(_lib.gflow_set_timeline(self._handle, None if timeline is None else timeline._handle))

@@ -4,6 +4,7 @@
 // device menu and the device world (capi_cuda.cu, registered through python::set_device_support).
 #include "capi.h"
 
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -421,6 +422,18 @@ int gflow_selected_chunks(const gflow_exchanger* ex, const uint32_t** data, uint
 }
 int gflow_configure(gflow_exchanger* ex, double momentum, uint64_t warmup) {
   return guarded([&] { ex->port->configure(momentum, warmup); });
+}
+int gflow_run_iterations(gflow_exchanger* ex, uint64_t iterations, void* stream, double* seconds) {
+  return guarded([&] {
+    ex->port->use_stream(stream);
+    const std::size_t count = ex->port->offsets().size();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::uint64_t it = 0; it < iterations; ++it) {
+      for (std::size_t i = count; i-- > 0;) ex->port->ready(i);
+      (void)ex->port->finish();
+    }
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
 }
 int gflow_set_timeline(gflow_exchanger* ex, gflow_timeline* tl) {
   return guarded([&] {

@@ -124,6 +124,9 @@ GFLOW_CAPI int gflow_selected_chunks(const gflow_exchanger* ex, const uint32_t**
 GFLOW_CAPI int gflow_configure(gflow_exchanger* ex, double momentum, uint64_t warmup);
 /* tl == NULL detaches; an attached timeline is kept alive by the exchanger. */
 GFLOW_CAPI int gflow_set_timeline(gflow_exchanger* ex, gflow_timeline* tl);
+/* The binding's yardstick (bench/ddp_gloo.py): `iterations` iterations of ready(count - 1) ...
+ * ready(0) and finish() in a C++ loop, timed from the first ready to finish's return. */
+GFLOW_CAPI int gflow_run_iterations(gflow_exchanger* ex, uint64_t iterations, void* stream, double* seconds);
 
 #ifdef __cplusplus
 }
