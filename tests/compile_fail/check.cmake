@@ -1,5 +1,7 @@
 # Compile-fail check for one case: cmake -DCXX=<compiler> -DSOURCE=<case.cpp>
-#   -DINCLUDE_DIRS=<dir>[|<dir>...] [-DCXX_ID=GNU|Clang] [-DSTD_FLAG=-std=c++20] -P check.cmake
+#   -DINCLUDE_DIRS=<dir>[|<dir>...] [-DCXX_ID=GNU|Clang] [-DSTD_FLAG=-std=c++20]
+#   [-DPCH=<dir>/gflow/exchanger.hpp.gch -DPCH_DIR=<dir> -DHEADERS=<include/gflow>] -P check.cmake
+# With PCH (GCC), <dir> is searched first unless the .gch is missing or older than a header.
 #
 # The case's first line says what must happen:
 #   // build error: <text>   compilation must FAIL and the compiler output must contain <text>
@@ -39,6 +41,25 @@ else()
 endif()
 
 string(REPLACE "|" ";" include_list "${INCLUDE_DIRS}")
+if(DEFINED PCH AND EXISTS "${PCH}")
+  set(pch_fresh TRUE)
+  file(GLOB_RECURSE headers "${HEADERS}/*.hpp")
+  foreach(h IN LISTS headers)
+    if("${h}" IS_NEWER_THAN "${PCH}")
+      file(TIMESTAMP "${h}" th "%s")
+      file(TIMESTAMP "${PCH}" tp "%s")
+      if(th GREATER tp)  # equal seconds: IS_NEWER_THAN is true for ties
+        set(pch_fresh FALSE)
+        break()
+      endif()
+    endif()
+  endforeach()
+  if(pch_fresh)
+    list(PREPEND include_list "${PCH_DIR}")
+  else()
+    message(STATUS "compile_fail: ${PCH} is older than a header; compiling without it (cmake --build rebuilds it)")
+  endif()
+endif()
 set(include_flags)
 foreach(dir IN LISTS include_list)
   list(APPEND include_flags "-I${dir}")
