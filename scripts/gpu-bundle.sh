@@ -36,7 +36,10 @@ if [[ -f "$build/python/gflow/libgflow_capi_cuda.so" ]]; then
   py="${GFLOW_BUNDLE_PYTHON:-python3}"
   site="$("$py" -c 'import os, pytest; print(os.path.dirname(os.path.dirname(pytest.__file__)))' 2>/dev/null || true)"
   if [[ -n "$site" ]]; then
-    for m in pytest _pytest pluggy iniconfig packaging pygments exceptiongroup tomli py.py; do  # the last three: Python < 3.11 [[ -e "$site/$m" ]] && cp -a "$site/$m" "$out/python/site/"; done
+    # exceptiongroup and tomli: what pytest needs on Python < 3.11
+    for m in pytest _pytest pluggy iniconfig packaging pygments exceptiongroup tomli py.py; do
+      [[ -e "$site/$m" ]] && cp -a "$site/$m" "$out/python/site/"
+    done
     # pygments without the lexers pytest does not import (9.5 MB of 11): it colours only python and diff output
     find "$out/python/site/pygments/lexers" -mindepth 1 -maxdepth 1 ! -name __init__.py ! -name _mapping.py ! -name python.py ! -name diff.py \
       -exec rm -rf {} + 2>/dev/null || true
