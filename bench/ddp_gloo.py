@@ -96,11 +96,9 @@ def gflow_variants(a, rows, cs, dev, sync):
     gt.init(device="cpu" if dev.type == "cpu" else dev.index)
     net = Net(rows).to(dev)
     opt = gt.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.0), list(net.named_parameters()), composition=a.gflow)
-    if dev.type == "cuda":
-        from gflow.torch import _device_world
-        _device_world(dev)
+    # the optimizer made the device transport (on CUDA); this exchanger runs on it too
     ex = _capi.Exchanger(a.gflow, [n for n, _ in rows], [[k] for _, k in rows], on_device=dev.type == "cuda")
-    stream = (lambda: torch.cuda.current_stream(dev).cuda_stream or None) if dev.type == "cuda" else (lambda: None)
+    stream = opt._stream  # torch's current stream on dev, or None on the CPU
     count = len(rows)
 
     def backward():
@@ -212,7 +210,7 @@ def main():
     if rank == 0:
         print("", file=sys.stderr)
         print(f"{'variant':<16} {'buckets':>8} {'median ms':>10} {'p10 ms':>9} {'p90 ms':>9}", file=sys.stderr)
-        for k in [v for v in ["gloo_bucketed", "ddp_backward", "local_backward", "gflow_backward", "gflow_python", "gflow_cpp"] if v in times]:
+        for k in variants:
             med, p10, p90 = stats(times[k])
             print(f"{k:<16} {len(plan):>8} {med * 1e3:>10.3f} {p10 * 1e3:>9.3f} {p90 * 1e3:>9.3f}", file=sys.stderr)
             print(json.dumps({"suite": "exchange", "layout": name, "ranks": size, "variant": k, "wire": "fp32",

@@ -47,15 +47,14 @@ if ((python)); then
   # gflow.torch: the module (one build of the menu), then train.py over a few compositions.
   comps=(dense fp16 csc=4096:15 topk=0.01 "fp16+fusion=4MiB+topk=0.01+funneled")
   echo "demo: building the Python module gflow.torch in $build" >&2
-  cuda=OFF target=gflow_python
-  if [[ "$device" == cuda ]]; then cuda=ON target=gflow_python_cuda; fi
+  cuda=OFF targets=(gflow_python)
+  if [[ "$device" == cuda ]]; then cuda=ON targets+=(gflow_python_cuda); fi
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGFLOW_ENABLE_CUDA=$cuda -DGFLOW_BUILD_TESTS=OFF -DGFLOW_BUILD_BENCH=OFF >/dev/null
-  targets="$(cmake --build "$build" --target help)"
-  if [[ "$device" == cuda && "$targets" != *gflow_python_cuda* ]]; then
+  if [[ "$device" == cuda && "$(cmake --build "$build" --target help)" != *gflow_python_cuda* ]]; then
     echo "demo: --device cuda needs nvcc and NCCL (CUDA toolkit in /usr/local/cuda); this machine has no CUDA build of gflow.torch: nothing trained." >&2
     exit 0
   fi
-  cmake --build "$build" -j"$(nproc)" --target gflow_python $target >/dev/null
+  cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >/dev/null
   export OMPI_MCA_rmaps_base_oversubscribe=1 PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
   mpi_flags=(--bind-to none)
   if [[ "$(id -u)" == 0 ]]; then mpi_flags+=(--allow-run-as-root); fi

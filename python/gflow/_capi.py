@@ -220,6 +220,16 @@ def cuda_support():
     return bool(built.value), devices.value, why
 
 
+def require_cuda(what, otherwise):
+    """The CUDA devices this process sees; UsageError('device') naming the library to build when the
+    loaded one has no device menu (`what`: the request, `otherwise`: the way out besides building)."""
+    built, devices, why = cuda_support()
+    if not built:
+        raise errors.make(errors.UsageError, "device", "%s, and gflow.torch has no CUDA support here: %s." % (what, why),
+                          "build gflow where nvcc and NCCL are found (libgflow_capi_cuda.so), or %s." % otherwise)
+    return devices
+
+
 def device_init(transport="auto", device=-1):
     """The device transport (collective): ('nccl' or 'mpi', the CUDA device)."""
     chosen, dev = _cstr(), _i32()
@@ -441,7 +451,7 @@ class Exchanger:
 
     def gather_shards(self, values, stream=None):
         """In place: this rank's shard of `values` (laid out like the pool) to every rank, the others' back (collective).
-        values: a float32 NumPy array (host memory), or (address, element count) of device memory."""
+        values: a float32 NumPy array, or (address, element count) of a contiguous float32 buffer in the pool's memory."""
         if isinstance(values, tuple):
             ptr, n = values
         else:

@@ -165,14 +165,9 @@ int gflow_size(int32_t* out) {
 }
 int gflow_local_rank(int32_t* local, int32_t* local_size) {
   return guarded([&] {
-    MPI_Comm node = MPI_COMM_NULL;
-    mpi::detail::check(MPI_Comm_split_type(comm().comm(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type", "in gflow_local_rank");
-    int r = 0, n = 0;
-    const int rc1 = MPI_Comm_rank(node, &r), rc2 = MPI_Comm_size(node, &n);
-    MPI_Comm_free(&node);
-    mpi::detail::check(rc1 != MPI_SUCCESS ? rc1 : rc2, "MPI_Comm_rank / MPI_Comm_size", "in gflow_local_rank");
-    *local = r;
-    *local_size = n;
+    const mpi::node_place p = mpi::node_rank(comm().comm());
+    *local = p.rank;
+    *local_size = p.size;
   });
 }
 

@@ -15,9 +15,7 @@
 #include <vector>
 
 #include <gflow/cuda/mpi_transport.cuh>
-#if __has_include(<nccl.h>)
-#include <gflow/transport/nccl.hpp>
-#endif
+#include <gflow/transport/nccl.hpp>  // the CUDA library is built only where NCCL is (python/CMakeLists.txt)
 
 #include "port.hpp"
 
@@ -80,27 +78,17 @@ class cuda_world final : public device_support {
     const int d = device < 0 ? mpi_device::local_device(world.comm()) : device;
     gflow::detail::cuda::check_cuda(cudaSetDevice(d), "cudaSetDevice in gflow_device_init");
     const std::vector<int> shared = shared_gpus(world, d);
-#if __has_include(<nccl.h>)
     const bool nccl_ok = shared.empty();
     if (transport == "nccl" && !nccl_ok)
       throw usage_error("transport",
                         fmt::format("ranks {} and {} share one GPU, and NCCL refuses two ranks of a communicator on one device.", shared[0], shared[1]),
                         "use transport='mpi' (gflow::mpi_device::transport, through host buffers), or give each rank a GPU of its own "
                         "(as many ranks per node as GPUs; CUDA_VISIBLE_DEVICES).");
-    const bool use_nccl = transport == "nccl" || (transport == "auto" && nccl_ok);
-#else
-    if (transport == "nccl")
-      throw usage_error("transport", "this library was built without NCCL (nccl.h was not found).",
-                        "use transport='mpi', or rebuild where NCCL is installed.");
-    const bool use_nccl = false;
-#endif
-    if (use_nccl) {
-#if __has_include(<nccl.h>)
+    if (transport == "nccl" || (transport == "auto" && nccl_ok)) {
       ncclUniqueId id{};
       if (world.rank() == 0) id = nccl::transport::unique_id();
       mpi::detail::check(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, world.comm()), "MPI_Bcast", "of the NCCL id in gflow_device_init");
       nccl_.emplace(nccl::transport::init_rank(world.size(), id, world.rank(), d));
-#endif
     } else {
       mpi_.emplace(world.comm(), d);
     }
@@ -112,9 +100,7 @@ class cuda_world final : public device_support {
   space transport_space() const override { return nccl_.has_value() ? space::device_nccl : space::device_mpi; }
   void* transport() override {
     if (mpi_) return &*mpi_;
-#if __has_include(<nccl.h>)
     if (nccl_) return &*nccl_;
-#endif
     return nullptr;
   }
   int device_count() const override {
@@ -127,9 +113,7 @@ class cuda_world final : public device_support {
   }
   void finalize() override {
     mpi_.reset();
-#if __has_include(<nccl.h>)
     nccl_.reset();
-#endif
     asked_.clear();
     device_ = -1;
   }
@@ -138,11 +122,7 @@ class cuda_world final : public device_support {
   const char* chosen() const { return nccl_.has_value() ? "nccl" : "mpi"; }
 
   std::optional<mpi_device::transport> mpi_;
-#if __has_include(<nccl.h>)
   std::optional<nccl::transport> nccl_;
-#else
-  std::optional<int> nccl_;  // never set
-#endif
   int device_ = -1;
   std::string asked_;
 };

@@ -22,13 +22,13 @@
 #include <cuda_runtime.h>
 
 #include <functional>
-#include <string>
 #include <memory>
 #include <type_traits>
 #include <utility>
 
 #include <gflow/cuda/exchanger.cuh>
 #include <gflow/cuda/mpi_transport.cuh>
+#include <gflow/transport/nccl.hpp>  // the CUDA library is built only where NCCL is (python/CMakeLists.txt)
 
 #include "port.hpp"
 
@@ -113,19 +113,12 @@ std::unique_ptr<port> make_device_port(void* t, Layout layout, exchange_options 
   return std::make_unique<device_port_for<Exchange, Transport>>(tr, std::move(layout), o);
 }
 
-/// Registers Exchange for device memory over MPI and (where NCCL is there) over NCCL, under its
-/// derived name and `alias`.
+/// Registers Exchange for device memory over MPI and over NCCL, under its derived name and `alias`.
 template <class Exchange>
 struct device_registrar {
   explicit device_registrar(const char* policies, const char* alias = nullptr) {
-    const std::string name = composition_name<typename Exchange::policies>();
-    for (const char* n : {name.c_str(), alias}) {
-      if (!n || !*n) continue;
-      register_composition(n, policies, space::device_mpi, &make_device_port<Exchange, mpi_device::transport>);
-#if __has_include(<nccl.h>)
-      register_composition(n, policies, space::device_nccl, &make_device_port<Exchange, nccl::transport>);
-#endif
-    }
+    register_names<Exchange>(policies, alias, space::device_mpi, &make_device_port<Exchange, mpi_device::transport>);
+    register_names<Exchange>(policies, alias, space::device_nccl, &make_device_port<Exchange, nccl::transport>);
   }
 };
 

@@ -94,7 +94,7 @@ class port {
 /// gflow::nccl::transport (libgflow_capi_cuda.so only).
 enum class space : int { host = 0, device_mpi = 1, device_nccl = 2 };
 inline constexpr std::size_t spaces = 3;
-[[nodiscard]] const char* space_name(space s);  // "host", "cuda over MPI", "cuda over NCCL"
+[[nodiscard]] const char* space_name(space s);  // "host memory", "CUDA over MPI", "CUDA over NCCL"
 
 /// Makes an exchanger over `transport`, a pointer to the space's transport type.
 using factory = std::unique_ptr<port> (*)(void* transport, Layout, exchange_options);
@@ -318,20 +318,22 @@ class port_for : public port {
   std::unique_ptr<no_sync_scope> scope_;
 };
 
-template <class Port, class Transport>
+template <class Exchange>
 std::unique_ptr<port> make_port(void* t, Layout layout, exchange_options o) {
-  return std::make_unique<Port>(*static_cast<Transport*>(t), std::move(layout), o);
+  return std::make_unique<port_for<Exchange>>(*static_cast<mpi::transport*>(t), std::move(layout), o);
 }
 
-/// Registers Exchange under its derived name (and `alias`, if any) for space S at static
-/// initialisation: Port (a port_for over S's transport) is what the factory makes.
-template <class Exchange, space S = space::host, class Port = port_for<Exchange>, class Transport = mpi::transport>
+/// Registers factory f for space s under Exchange's derived name and `alias` (if any).
+template <class Exchange>
+void register_names(const char* policies, const char* alias, space s, factory f) {
+  register_composition(composition_name<typename Exchange::policies>(), policies, s, f);
+  if (alias && *alias) register_composition(alias, policies, s, f);
+}
+
+/// Registers Exchange on host memory at static initialisation (device memory: device_port.cuh).
+template <class Exchange>
 struct registrar {
-  registrar(const char* policies, const char* alias = nullptr) {
-    using set = typename Exchange::policies;
-    register_composition(composition_name<set>(), policies, S, &make_port<Port, Transport>);
-    if (alias && *alias) register_composition(alias, policies, S, &make_port<Port, Transport>);
-  }
+  registrar(const char* policies, const char* alias = nullptr) { register_names<Exchange>(policies, alias, space::host, &make_port<Exchange>); }
 };
 
 }  // namespace gflow::python

@@ -57,13 +57,7 @@ inline bool cuda_aware_mpi() {
 /// devices: the device a rank should use when each node's ranks share its GPUs round-robin.
 /// Collective over comm.
 inline int local_device(MPI_Comm comm) {
-  MPI_Comm node = MPI_COMM_NULL;
-  gflow::mpi::detail::check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type",
-                            "in gflow::mpi_device::local_device");
-  int local = 0;
-  const int rc = MPI_Comm_rank(node, &local);
-  MPI_Comm_free(&node);
-  gflow::mpi::detail::check(rc, "MPI_Comm_rank", "in gflow::mpi_device::local_device");
+  const int local = gflow::mpi::node_rank(comm).rank;
   int devices = 0;
   gflow::detail::cuda::check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount in gflow::mpi_device::local_device");
   if (devices <= 0)

@@ -63,13 +63,11 @@ def init(transport="auto", device=None):
         atexit.register(shutdown)
     local = local_rank()[0]  # collective (MPI_Comm_split_type): every rank calls it, GPU or not
     _device["transport"] = transport
-    built, devices, why = _capi.cuda_support()
+    built, devices, _ = _capi.cuda_support()
     if device == "cpu" or (device is None and not (built and devices > 0 and torch.cuda.is_available())):
         _device["torch"] = torch.device("cpu")
         return
-    if not built:
-        raise errors.make(errors.UsageError, "device", "a GPU was asked for, and gflow.torch has no CUDA support here: %s." % why,
-                          "build gflow where nvcc and NCCL are found (libgflow_capi_cuda.so), or init(device='cpu').")
+    _capi.require_cuda("a GPU was asked for", "init(device='cpu')")
     if not torch.cuda.is_available() or devices == 0:
         raise errors.make(errors.UsageError, "device", "a GPU was asked for, and this process sees none (torch: %s, gflow: %d devices)."
                           % (torch.cuda.is_available(), devices), "run where a GPU is visible (CUDA_VISIBLE_DEVICES), or init(device='cpu').")

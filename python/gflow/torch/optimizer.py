@@ -85,10 +85,7 @@ class _DistributedOptimizer:
                               % ", ".join(devices), "move the whole model to one device (model.to(gflow.torch.device())).")
         dev = named[0][1].device if named else torch.device("cpu")
         if dev.type == "cuda":
-            built, _, why = _capi.cuda_support()
-            if not built:
-                raise errors.make(errors.UsageError, "device", "the parameters live on %s, and gflow.torch has no CUDA support here: %s."
-                                  % (dev, why), "build gflow where nvcc and NCCL are found (libgflow_capi_cuda.so), or train on the CPU.")
+            _capi.require_cuda("the parameters live on %s" % dev, "train on the CPU")
         return dev
 
     def _stream(self):
@@ -389,10 +386,7 @@ class _ShardedStep(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         self.inner.step()
-        if self._weights.device.type == "cuda":
-            self._exchanger.gather_shards((self._weights.data_ptr(), self._weights.numel()), self._stream())
-        else:
-            self._exchanger.gather_shards(self._weights.numpy())
+        self._exchanger.gather_shards((self._weights.data_ptr(), self._weights.numel()), self._stream())  # ours: contiguous float32
 
     def _shard_views(self):
         return list(self.inner.param_groups[0]["params"])

@@ -1,5 +1,5 @@
 #pragma once
-// gflow::mpi, part 6 of 6: MPI's lifetime as an object.
+// gflow::mpi, part 6 of 6: MPI's lifetime as an object, and where a process sits on its node.
 #include "../../error.hpp"
 #include "check.hpp"
 
@@ -48,5 +48,21 @@ class environment {
   int provided_ = MPI_THREAD_SINGLE;
   bool owner_ = false;
 };
+
+/// This process among the ranks of `comm` on its node (MPI_COMM_TYPE_SHARED).
+struct node_place {
+  int rank = 0;  // among the node's ranks
+  int size = 1;  // the node's ranks
+};
+/// Where this process sits on its node. Collective over comm.
+inline node_place node_rank(MPI_Comm comm) {
+  MPI_Comm node = MPI_COMM_NULL;
+  detail::check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type", "in gflow::mpi::node_rank");
+  node_place p;
+  const int rc1 = MPI_Comm_rank(node, &p.rank), rc2 = MPI_Comm_size(node, &p.size);
+  MPI_Comm_free(&node);
+  detail::check(rc1 != MPI_SUCCESS ? rc1 : rc2, "MPI_Comm_rank / MPI_Comm_size", "in gflow::mpi::node_rank");
+  return p;
+}
 
 }  // namespace gflow::mpi
