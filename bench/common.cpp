@@ -29,6 +29,8 @@ namespace gflow_bench {
                "       bench/run model [--ranks N] [--layout L] [--reps N]       (alpha-beta fit, predictions P = 2..1024, error at N)\n"
                "       bench/run sparse [--ranks N] [--layout L] [--density 0.001,0.01] [--transport mpi|inproc] [--gradients repeated|fresh]\n"
                "                          [--variants dense,TopK,GTopK,OkTopK,CSC]   (sparse: only these schemes; default all)\n"
+               "                          [--variable-window N]   (sparse over MPI: all_to_allv / all_gatherv with N peers in flight;\n"
+               "                                                   0: the MPI library's MPI_Alltoallv / MPI_Allgatherv)\n"
                "       bench/run kernels [--layout L1,L2 (default resnet50,gpt2_small)] [--iters N] [--warmup N]\n",
                why.c_str());
   MPI_Abort(MPI_COMM_WORLD, 2);
@@ -106,6 +108,10 @@ options parse(int argc, char** argv) {
         if (n != "dense" && n != "TopK" && n != "GTopK" && n != "OkTopK" && n != "CSC")
           usage("--variants takes a list of dense, TopK, GTopK, OkTopK, CSC, got '" + n + "'");
     } else if (a == "--transport") o.transport = next();
+    else if (a == "--variable-window") {
+      o.variable_window = std::stoi(next());
+      if (o.variable_window < 0) usage("--variable-window takes 0 (the MPI library's collectives) or a positive number of peers in flight");
+    }
     else if (a == "--gradients") {
       const std::string g = next();
       if (g != "repeated" && g != "fresh") usage("--gradients must be repeated (the same values every iteration) or fresh (new ones every iteration), got '" + g + "'");

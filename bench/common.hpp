@@ -31,6 +31,7 @@ struct options {
   std::vector<std::string> variants;           // sparse: --variants (empty: every scheme)
   std::string transport = "mpi";               // sparse: mpi or inproc
   bool fresh_gradients = false;                // sparse/model: --gradients fresh (new values every iteration)
+  int variable_window = -1;                    // sparse: --variable-window N (gflow::mpi::transport::set_variable_window; -1: the default)
   bool topologies = false;                     // exchange: also Hierarchical<2|4> and Hybrid
   bool hybrid = false;                         // overlap --autotune --topology hybrid: Hybrid<1 MiB, 2>, switch tuned too
   int ranks = 0;                               // inproc: thread ranks

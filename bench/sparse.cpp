@@ -58,6 +58,12 @@ std::string gpu_work_field(double charged_s) {
   return b;
 }
 
+// The window the MPI transport used (0: the MPI library's collectives); -1 for in-process ranks.
+int variable_window_of(const options& o) {
+  if (o.transport != "mpi") return -1;
+  return o.variable_window >= 0 ? o.variable_window : gflow::mpi::default_variable_window;
+}
+
 void report_sparse(const options& o, const std::vector<sparse_result>& rs, const std::string& layout_name, const gflow::Layout& l, int P) {
   std::fprintf(stderr, "%-8s %9s %12s %12s %12s %12s %14s %8s %12s %9s\n", "variant", "density", "median_ms", "p10_ms", "p90_ms", "select_ms", "comm_ms",
                "vs_dense", "sent_KB", "entries");
@@ -71,10 +77,10 @@ void report_sparse(const options& o, const std::vector<sparse_result>& rs, const
         "{\"suite\":\"sparse\",\"layout\":\"%s\",\"ranks\":%d,\"transport\":\"%s\",\"variant\":\"%s\",\"wire\":\"%s\","
         "\"threshold_bytes\":%zu,\"density\":%.6g,\"median_s\":%.9g,\"p10_s\":%.9g,\"p90_s\":%.9g,\"select_s\":%.9g,"
         "\"comm_s\":%.9g,\"comm_s_derived\":true,\"bytes_per_rank\":%zu,\"sent_bytes_per_rank\":%.0f,\"result_entries\":%zu,"
-        "\"exact_local\":%zu,\"boundary_estimates\":%zu,\"exact_global\":%zu,\"second_passes\":%zu,\"gradients\":\"%s\",\"pool_elements\":%zu,\"iterations\":%d%s}\n",
+        "\"exact_local\":%zu,\"boundary_estimates\":%zu,\"exact_global\":%zu,\"second_passes\":%zu,\"gradients\":\"%s\",\"pool_elements\":%zu,\"iterations\":%d,\"variable_window\":%d%s}\n",
         layout_name.c_str(), P, o.transport.c_str(), r.name.c_str(), o.wire.c_str(), r.name == "dense" ? o.threshold : std::size_t{0}, r.density,
         r.total.median, r.total.p10, r.total.p90, r.select.median, comm, r.wire_bytes, sent, r.entries, r.reest[0], r.reest[1], r.reest[2], r.reest[3],
-        o.fresh_gradients ? "fresh" : "repeated", l.total_numel(), o.iters, gpu_work_field(r.charged_s).c_str());
+        o.fresh_gradients ? "fresh" : "repeated", l.total_numel(), o.iters, variable_window_of(o), gpu_work_field(r.charged_s).c_str());
   }
   std::fflush(stdout);
 }
@@ -102,6 +108,7 @@ int run_sparse_suite(const options& o, const gflow::Layout& l, const std::string
     if (rank == 0)
       std::fprintf(stderr, "gflow bench: suite sparse, layout %s, %d MPI ranks, %d+%d iterations\n", layout_name.c_str(), P, o.warmup, o.iters);
     gflow::mpi::transport t(MPI_COMM_WORLD);
+    if (o.variable_window >= 0) t.set_variable_window(o.variable_window);
     auto rs = run_sparse_on(t, o, l);
     if (rank == 0) report_sparse(o, rs, layout_name, l, P);
   }

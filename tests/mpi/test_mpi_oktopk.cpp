@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include <gflow/exchanger.hpp>
@@ -17,9 +18,10 @@ std::uint64_t val(int src, int dst, std::size_t j) { return std::uint64_t(src) *
 std::size_t cnt(int src, int dst) { return static_cast<std::size_t>((src * 7 + dst * 3) % 5); }  // some blocks empty
 }  // namespace
 
-TEST_CASE("mpi transport: all_to_all, all_to_allv and all_gatherv deliver every block in rank order") {
+TEST_CASE("mpi transport: all_to_all, all_to_allv and all_gatherv deliver every block in rank order, with every variable window") {
   gflow::mpi::transport world;
   const int P = world.size(), me = world.rank();
+  CHECK(world.variable_window() == gflow::mpi::default_variable_window);
   std::vector<std::uint64_t> s(static_cast<std::size_t>(P) * 2), r(s.size());
   for (int q = 0; q < P; ++q)
     for (std::size_t j = 0; j < 2; ++j) s[static_cast<std::size_t>(q) * 2 + j] = val(me, q, j);
@@ -27,29 +29,106 @@ TEST_CASE("mpi transport: all_to_all, all_to_allv and all_gatherv deliver every 
   for (int q = 0; q < P; ++q)
     for (std::size_t j = 0; j < 2; ++j) CHECK(r[static_cast<std::size_t>(q) * 2 + j] == val(q, me, j));
 
-  std::vector<std::size_t> sc(static_cast<std::size_t>(P)), rc(sc.size());
-  std::vector<std::uint64_t> sv, want;
-  for (int q = 0; q < P; ++q) {
-    sc[static_cast<std::size_t>(q)] = cnt(me, q);
-    rc[static_cast<std::size_t>(q)] = cnt(q, me);
-    for (std::size_t j = 0; j < cnt(me, q); ++j) sv.push_back(val(me, q, j));
-    for (std::size_t j = 0; j < cnt(q, me); ++j) want.push_back(val(q, me, j));
-  }
-  std::vector<std::uint64_t> rv(want.size() + 1, 0);
-  world.all_to_allv(sv.data(), sc.data(), rv.data(), rc.data());
-  rv.resize(want.size());
-  CHECK(rv == want);
+  // 0: the MPI library's collectives; 1: one peer at a time (Open MPI's pairwise order); 2: fewer
+  // in flight than peers from 4 ranks; 8 (the default) and 1000: every peer at once.
+  for (const int window : {0, 1, 2, 8, 1000}) {
+    CAPTURE(window);
+    world.set_variable_window(window);
+    for (int round = 0; round < 2; ++round) {  // back to back: the second call's messages never mix with the first's
+      CAPTURE(round);
+      std::vector<std::size_t> sc(static_cast<std::size_t>(P)), rc(sc.size());
+      std::vector<std::uint64_t> sv, want;
+      for (int q = 0; q < P; ++q) {
+        sc[static_cast<std::size_t>(q)] = cnt(me + round, q);
+        rc[static_cast<std::size_t>(q)] = cnt(q + round, me);
+        for (std::size_t j = 0; j < cnt(me + round, q); ++j) sv.push_back(val(me, q, j + 10 * static_cast<std::size_t>(round)));
+        for (std::size_t j = 0; j < cnt(q + round, me); ++j) want.push_back(val(q, me, j + 10 * static_cast<std::size_t>(round)));
+      }
+      std::vector<std::uint64_t> rv(want.size() + 1, 0);
+      sv.resize(sv.size() + 1);  // a valid pointer where nothing goes out
+      world.all_to_allv(sv.data(), sc.data(), rv.data(), rc.data());
+      rv.resize(want.size());
+      CHECK(rv == want);
 
-  std::vector<std::size_t> gc(static_cast<std::size_t>(P));
-  std::vector<std::uint64_t> mine, all;
-  for (int q = 0; q < P; ++q) {
-    gc[static_cast<std::size_t>(q)] = cnt(q, q) + 1;
-    for (std::size_t j = 0; j < cnt(q, q) + 1; ++j) all.push_back(val(q, q, j));
+      std::vector<std::size_t> gc(static_cast<std::size_t>(P));
+      std::vector<std::uint64_t> mine, all;
+      for (int q = 0; q < P; ++q) {
+        gc[static_cast<std::size_t>(q)] = cnt(q + round, q);  // some ranks contribute nothing
+        for (std::size_t j = 0; j < gc[static_cast<std::size_t>(q)]; ++j) all.push_back(val(q, q, j));
+      }
+      for (std::size_t j = 0; j < gc[static_cast<std::size_t>(me)]; ++j) mine.push_back(val(me, me, j));
+      mine.resize(mine.size() + 1);
+      std::vector<std::uint64_t> got(all.size() + 1, 0);
+      world.all_gatherv(mine.data(), gc[static_cast<std::size_t>(me)], got.data(), gc.data());
+      got.resize(all.size());
+      CHECK(got == all);
+    }
+    // Uneven extremes: one rank holds everything (its block crosses every slice), and fewer
+    // elements than ranks (empty slices).
+    for (const std::size_t heavy : {std::size_t{37}, std::size_t{1}}) {
+      CAPTURE(heavy);
+      std::vector<std::size_t> gc(static_cast<std::size_t>(P), 0);
+      gc[static_cast<std::size_t>(P - 1)] = heavy;
+      std::vector<std::uint64_t> all, mine;
+      for (std::size_t j = 0; j < heavy; ++j) all.push_back(val(P - 1, P - 1, j));
+      if (me == P - 1) mine = all;
+      mine.resize(mine.size() + 1);
+      std::vector<std::uint64_t> got(heavy, 0);
+      world.all_gatherv(mine.data(), gc[static_cast<std::size_t>(me)], got.data(), gc.data());
+      CHECK(got == all);
+    }
   }
-  for (std::size_t j = 0; j < cnt(me, me) + 1; ++j) mine.push_back(val(me, me, j));
-  std::vector<std::uint64_t> got(all.size());
-  world.all_gatherv(mine.data(), mine.size(), got.data(), gc.data());
-  CHECK(got == all);
+  // Sub-groups inherit the window; copies made before a change keep theirs.
+  world.set_variable_window(3);
+  const gflow::mpi::transport copy = world;
+  world.set_variable_window(5);
+  CHECK(copy.variable_window() == 3);
+  auto half = world.split(me % 2, me);
+  CHECK(half.variable_window() == 5);
+  world.set_variable_window(gflow::mpi::default_variable_window);
+}
+
+TEST_CASE("mpi transport: a negative variable window, and counts that contradict the call, are typed errors naming the parameter") {
+  gflow::mpi::transport world;
+  const int me = world.rank(), P = world.size();
+  CHECK_THROWS_AS(world.set_variable_window(-1), gflow::invalid_argument);
+  try {
+    world.set_variable_window(-1);
+  } catch (const gflow::invalid_argument& e) {
+    CHECK(e.subject() == "window");
+  }
+  CHECK(world.variable_window() == gflow::mpi::default_variable_window);
+  // Raised on the calling rank before any message (every rank here calls it the same wrong way).
+  std::vector<std::size_t> sc(static_cast<std::size_t>(P), 1), rc(sc.size(), 1);
+  rc[static_cast<std::size_t>(me)] = 2;
+  std::vector<std::uint64_t> sv(static_cast<std::size_t>(P) + 1), rv(static_cast<std::size_t>(P) + 2);
+  CHECK_THROWS_AS(world.all_to_allv(sv.data(), sc.data(), rv.data(), rc.data()), gflow::mismatch_error);
+  std::vector<std::size_t> gc(static_cast<std::size_t>(P), 1);
+  CHECK_THROWS_AS(world.all_gatherv(sv.data(), 2, rv.data(), gc.data()), gflow::mismatch_error);
+  world.barrier();  // the transport is still usable: nothing was sent
+}
+
+TEST_CASE("mpi transport: an all_to_allv whose counts contradict the peer's is a typed error on the receiving rank, which then refuses the communicator") {
+  gflow::mpi::transport world;
+  const int P = world.size(), me = world.rank();
+  auto sub = world.split(0, me);  // broken below; world stays usable
+  // Every rank sends 2 elements to each peer; rank 0 expects 3 from each (it gets 2).
+  std::vector<std::size_t> sc(static_cast<std::size_t>(P), 2), rc(sc.size(), me == 0 ? 3 : 2);
+  sc[static_cast<std::size_t>(me)] = rc[static_cast<std::size_t>(me)];
+  std::vector<std::uint64_t> sv(static_cast<std::size_t>(P) * 3, 7), rv(static_cast<std::size_t>(P) * 3, 0);
+  if (me == 0) {
+    try {
+      sub.all_to_allv(sv.data(), sc.data(), rv.data(), rc.data());
+      FAIL("no error for a short message");
+    } catch (const gflow::mismatch_error& e) {
+      CHECK(e.subject() == "all_to_allv");
+      CHECK(std::string(e.what()).find("expected 3 elements") != std::string::npos);
+    }
+    CHECK_THROWS_AS(sub.barrier(), gflow::transport_error);
+  } else {
+    sub.all_to_allv(sv.data(), sc.data(), rv.data(), rc.data());
+  }
+  world.barrier();
 }
 
 TEST_CASE("mpi exchanger: OkTopK equals the reference bit for bit on every rank (fp32 and fp16, fused or not)") {

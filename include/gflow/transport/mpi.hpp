@@ -34,12 +34,14 @@
 // large_count.hpp (the MPI-3 / MPI-4 twins), datatypes.hpp (datatypes and 16-bit ops),
 // comm_state.hpp (state shared by copies), stall_inspector.hpp (the timed path),
 // environment.hpp (MPI_Init_thread / MPI_Finalize).
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "../dtype.hpp"
 #include "../error.hpp"
@@ -48,6 +50,7 @@
 #include "mpi/datatypes.hpp"
 #include "mpi/environment.hpp"
 #include "mpi/large_count.hpp"
+#include "mpi/schedules.hpp"
 #include "mpi/stall_inspector.hpp"
 #include "mpi/variable.hpp"
 #include "timeout.hpp"
@@ -60,6 +63,8 @@ namespace gflow::mpi {
 inline constexpr std::chrono::milliseconds default_timeout = gflow::detail::default_timeout;
 
 class transport : public detail::stall_inspector, public transport_base<host_memory> {
+  friend struct detail::variable_schedules;  // all_to_allv and all_gatherv with a variable window (mpi/schedules.hpp)
+
  public:
   /// Borrows `comm` (it is not freed). Sets MPI_ERRORS_RETURN on it so failures come back as
   /// error codes and are raised as gflow::transport_error. The timeout is default_timeout.
@@ -86,6 +91,22 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
 
   [[nodiscard]] std::uint64_t collectives_started() const noexcept { return state_->seq; }
+
+  /// How all_to_allv and all_gatherv run. window > 0: gflow's schedules (mpi/schedules.hpp):
+  /// all_to_allv with at most `window` peers in flight, ceil((P-1) / window) latencies where Open
+  /// MPI's pairwise algorithm takes P-1; all_gatherv, while latency-bound (gathered_slice_limit),
+  /// in ceil(log2 P) + 1 rounds however uneven the blocks. window 0: MPI_Alltoallv and
+  /// MPI_Allgatherv. The same on every rank (a rank in MPI_Alltoallv never matches a peer's
+  /// point-to-point messages: the timeout then names the operation). Local: copies made before
+  /// keep theirs; sub-groups made after inherit it.
+  void set_variable_window(int window) {
+    if (window < 0)
+      throw invalid_argument("window", fmt::format("the variable window is {}.", window),
+                             "pass 0 for the MPI library's MPI_Alltoallv / MPI_Allgatherv, or a positive number of peers in flight "
+                             "(gflow::mpi::default_variable_window is the default).");
+    window_ = window;
+  }
+  [[nodiscard]] int variable_window() const noexcept { return window_; }
 
   // ---- collectives ----------------------------------------------------------------------------
   // The blocking forms are the blocking MPI calls, made on the issuing thread when timed (see
@@ -181,9 +202,11 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
     check(MPI_Ialltoall(send, c, t, recv, c, t, comm_, &q.r), "all_to_all");
     wait(q);
   }
-  /// Packed blocks: send_counts[q] elements to rank q, recv_counts[q] from rank q (MPI_Alltoallv).
+  /// Packed blocks: send_counts[q] elements to rank q, recv_counts[q] from rank q: gflow's schedule
+  /// or MPI_Alltoallv (set_variable_window).
   template <wire_element T>
   void all_to_allv(const T* send, const std::size_t* send_counts, T* recv, const std::size_t* recv_counts) {
+    if (window_ > 0) return detail::variable_schedules::all_to_allv(*this, window_, send, send_counts, recv, recv_counts);
     const detail::v_layout sl(send_counts, size_, "all_to_allv"), rl(recv_counts, size_, "all_to_allv");
     request q = start("all_to_allv", dtype_of_v<T>, static_cast<std::size_t>(rl.displs.back()) + recv_counts[size_ - 1]);
     const MPI_Datatype t = detail::datatype<T>();
@@ -193,9 +216,19 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
     check(MPI_Ialltoallv(send, sc, sd, t, recv, rc, rd, t, comm_, &q.r), "all_to_allv");
     wait(q);
   }
-  /// recv holds counts[0] + ... + counts[P-1] elements, rank q's n = counts[q] (MPI_Allgatherv).
+  /// recv holds counts[0] + ... + counts[P-1] elements, rank q's n = counts[q]: gflow's schedule
+  /// (a variable window, at most gathered_slice_limit bytes a rank on average) or MPI_Allgatherv.
   template <wire_element T>
   void all_gatherv(const T* send, std::size_t n, T* recv, const std::size_t* counts) {
+    if (n != counts[rank_])
+      throw mismatch_error("all_gatherv", fmt::format("rank {} contributes {} elements but counts[{}] is {}.", rank_, n, rank_, counts[rank_]),
+                           "pass counts with this rank's own n at its index, the same array on every rank.");
+    std::size_t total = 0;
+    for (int q = 0; q < size_; ++q) total += counts[q];
+    if (window_ > 0 && total * sizeof(T) <= static_cast<std::size_t>(size_) * gathered_slice_limit) {
+      detail::variable_schedules::concatenate<T>(*this, send, recv, counts);
+      return;
+    }
     const int c = detail::int_count(n, "all_gatherv");
     const detail::v_layout rl(counts, size_, "all_gatherv");
     request q = start("all_gatherv", dtype_of_v<T>, n);
@@ -328,7 +361,9 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
     MPI_Comm out = MPI_COMM_NULL;
     check(MPI_Comm_split(comm_, color, key, &out), "split");
     std::shared_ptr<MPI_Comm> owner(new MPI_Comm(out), detail::comm_deleter{});
-    return transport(owner, timeout_);
+    transport sub(owner, timeout_);
+    sub.window_ = window_;
+    return sub;
   }
 
  private:
@@ -404,6 +439,7 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
   void check_peer(int p, const char* what) const { gflow::detail::check_peer_rank(p, size_, what); }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  int window_ = default_variable_window;
   std::shared_ptr<MPI_Comm> owned_;  // set for communicators made by split()
 };
 static_assert(gflow::transport<transport> && gflow::variable_transport<transport> && gflow::sharding_transport<transport>);

@@ -25,7 +25,8 @@ inline constexpr int tag_notice = 3;  // {collective given up on, n, missing ran
 
 // Operation names travel as their index here.
 inline constexpr const char* op_names[] = {"?",     "all_reduce", "iall_reduce", "all_gather", "iall_gather", "broadcast",
-                                           "ibroadcast", "reduce", "ireduce", "barrier", "split", "send", "recv", "isend", "irecv", "wait"};
+                                           "ibroadcast", "reduce", "ireduce", "barrier", "split", "send", "recv", "isend", "irecv", "wait",
+                                           "all_to_all", "all_to_allv", "all_gatherv"};
 inline std::uint64_t op_code(const char* op) {
   for (std::size_t i = 1; i < std::size(op_names); ++i)
     if (std::strcmp(op, op_names[i]) == 0) return i;
