@@ -206,6 +206,7 @@ class transport : public detail::stall_inspector, public transport_base<host_mem
   /// or MPI_Alltoallv (set_variable_window).
   template <wire_element T>
   void all_to_allv(const T* send, const std::size_t* send_counts, T* recv, const std::size_t* recv_counts) {
+    if (send_counts[rank_] != recv_counts[rank_]) throw detail::variable_schedules::own_counts(rank_, send_counts[rank_], recv_counts[rank_]);
     if (window_ > 0) return detail::variable_schedules::all_to_allv(*this, window_, send, send_counts, recv, recv_counts);
     const detail::v_layout sl(send_counts, size_, "all_to_allv"), rl(recv_counts, size_, "all_to_allv");
     request q = start("all_to_allv", dtype_of_v<T>, static_cast<std::size_t>(rl.displs.back()) + recv_counts[size_ - 1]);

@@ -6,14 +6,14 @@
 //
 // The messages carry a tag of their own (tag_variable), so they never match the engines' isend /
 // irecv, and a pair of ranks sees them in posting order (MPI's non-overtaking rule), so calls back
-// to back never mix. Each wait is the transport's wait(request), bounded by its timeout as a
-// send's is. If one fails (a timeout, a count that does not match), the receives still posted are
+// to back never mix (all_to_allv sends a message for every block, empty ones too, so counts that
+// disagree fail in the call that has them). Each wait is the transport's wait(request), bounded by
+// its timeout as a send's is. If one fails (a timeout, a count that does not match), the receives still posted are
 // cancelled, so no message lands in the caller's buffers after the error, and the communicator is
 // marked unusable.
 #include <algorithm>
 #include <array>
 #include <cstddef>
-#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -49,13 +49,15 @@ struct variable_schedules {
     return d;
   }
 
-  /// all_to_allv: the own block's two counts checked, then rotate().
+  /// A rank's own block with two counts (checked by the transport before either path).
+  static mismatch_error own_counts(int me, std::size_t sent, std::size_t expected) {
+    return mismatch_error("all_to_allv", fmt::format("rank {} sends itself {} elements but expects {}.", me, sent, expected),
+                          "make send_counts[rank] equal recv_counts[rank].");
+  }
+
+  /// all_to_allv over rotate().
   template <wire_element T, class Tr>
   static void all_to_allv(Tr& t, int window, const T* send, const std::size_t* send_counts, T* recv, const std::size_t* recv_counts) {
-    const int me = t.rank_;
-    if (send_counts[me] != recv_counts[me])
-      throw mismatch_error("all_to_allv", fmt::format("rank {} sends itself {} elements but expects {}.", me, send_counts[me], recv_counts[me]),
-                           "make send_counts[rank] equal recv_counts[rank].");
     const auto sd = offsets(send_counts, t.size_), rd = offsets(recv_counts, t.size_);
     rotate<T>(t, "all_to_allv", window, [&](int q) { return std::pair{send + sd[q], send_counts[q]}; },
               [&](int q) { return std::pair{recv + rd[q], recv_counts[q]}; });
@@ -63,20 +65,16 @@ struct variable_schedules {
 
   /// all_to_allv as point-to-point messages: this rank's own block is copied; step
   /// s = 1 .. P-1 receives block `recv_of(rank - s)` from rank - s and sends `send_of(rank + s)` to
-  /// rank + s (Ok-Topk's destination rotation), empty blocks skipped on both sides (their counts
-  /// agree: a send count is the receiver's receive count), at most `window` steps in flight, the
-  /// oldest completed first: ceil((P - 1) / window) latencies.
+  /// rank + s (Ok-Topk's destination rotation), at most `window` steps in flight, the oldest
+  /// completed first: ceil((P - 1) / window) latencies. Empty blocks are sent too (a message of
+  /// no elements), so a send count its receiver does not expect is caught in this call (a short
+  /// message: mismatch_error; a long one: MPI_ERR_TRUNCATE, transport_error), never by a later one.
   template <wire_element T, class Tr, class SendOf, class RecvOf>
   static void rotate(Tr& t, const char* op, int window, SendOf send_of, RecvOf recv_of) {
     t.refuse_if_broken(op);
     ++t.state_->seq;  // counted as one collective, as the MPI call would be
     const int P = t.size_, me = t.rank_;
-    {
-      const auto [sb, sn] = send_of(me);
-      const auto [rb, rn] = recv_of(me);
-      if (rn > 0 && rb != sb) std::memmove(rb, sb, rn * sizeof(T));
-      (void)sn;
-    }
+    copy_own<T>(t, op, send_of(me).first, recv_of(me).first, recv_of(me).second);
     if (P == 1) return;
     const int W = std::min(window, P - 1);
     std::vector<typename Tr::request> flight(2 * static_cast<std::size_t>(W));
@@ -86,8 +84,10 @@ struct variable_schedules {
         t.wait(pair[0]);
         t.wait(pair[1]);
         const int from = (me - s + P) % P, to = (me + s) % P;
-        if (const auto [rb, rn] = recv_of(from); rn > 0) post_recv<T>(t, pair[1], op, rb, rn, from);
-        if (const auto [sb, sn] = send_of(to); sn > 0) post_send<T>(t, pair[0], op, sb, sn, to);
+        const auto [rb, rn] = recv_of(from);
+        post_recv<T>(t, pair[1], op, rb, rn, from);
+        const auto [sb, sn] = send_of(to);
+        post_send<T>(t, pair[0], op, sb, sn, to);
       }
       for (auto& r : flight) t.wait(r);
     } catch (...) {
@@ -116,7 +116,7 @@ struct variable_schedules {
     const int P = t.size_, me = t.rank_;
     const auto d0 = offsets(counts, P);
     const std::size_t M = d0[static_cast<std::size_t>(P - 1)] + counts[P - 1];
-    if (counts[me] > 0 && recv + d0[me] != send) std::memmove(recv + d0[me], send, counts[me] * sizeof(T));
+    copy_own<T>(t, op, send, recv + d0[me], counts[me]);
     if (P == 1 || M == 0) return;
     const std::size_t base = M / static_cast<std::size_t>(P), extra = M % static_cast<std::size_t>(P);
     auto lo = [&](int r) { return base * static_cast<std::size_t>(r) + std::min<std::size_t>(static_cast<std::size_t>(r), extra); };
@@ -161,6 +161,21 @@ struct variable_schedules {
   }
 
  private:
+  // This rank's own block, through MPI as every other block: the buffers may be device memory (a
+  // CUDA-aware MPI under mpi_device's direct path), which host code must not touch.
+  template <wire_element T, class Tr>
+  static void copy_own(Tr& t, const char* op, const T* from, T* to, std::size_t n) {
+    if (n == 0 || from == to) return;
+    std::array<typename Tr::request, 2> own;
+    try {
+      post_recv<T>(t, own[0], op, to, n, t.rank_);
+      post_send<T>(t, own[1], op, from, n, t.rank_);
+      for (auto& r : own) t.wait(r);
+    } catch (...) {
+      abandon(t, own, op);
+      throw;
+    }
+  }
   template <wire_element T, class Tr>
   static void post_recv(Tr& t, typename Tr::request& slot, const char* op, T* buf, std::size_t n, int peer) {
     slot = t.start_p2p(op, dtype_of_v<T>, n, peer);
@@ -174,7 +189,9 @@ struct variable_schedules {
     t.check(isend(buf, count(n, op), datatype<T>(), peer, tag_variable, t.comm_, &slot.r), op);
   }
   // After a failure part way: the receives still posted are cancelled (nothing lands in the
-  // caller's buffers later), the sends released, the communicator marked unusable.
+  // caller's buffers later), the sends released (MPI may still read a send buffer until the peer
+  // takes the message: keep it alive, as after a timeout, or end the process), the communicator
+  // marked unusable.
   template <class Tr, class Requests>
   static void abandon(Tr& t, Requests& flight, const char* op) {
     for (auto& r : flight)

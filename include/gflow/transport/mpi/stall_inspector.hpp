@@ -93,7 +93,7 @@ class stall_inspector {
   void refuse_if_broken(const char* op) const {
     if (!state_->broken.empty())
       throw transport_error(op, fmt::format("rank {} of {}"
-                                    ": this communicator was abandoned after a timeout ({}).", rank_, size_, state_->broken),
+                                    ": this communicator was abandoned ({}).", rank_, size_, state_->broken),
                             "destroy this transport (and whatever uses it) and restart the job or its failed ranks: MPI cannot cancel "
                             "the collective that timed out.");
   }
