@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
-#include <utility>
 #include <vector>
 
 #include "../../dtype.hpp"
@@ -55,26 +54,20 @@ struct variable_schedules {
                           "make send_counts[rank] equal recv_counts[rank].");
   }
 
-  /// all_to_allv over rotate().
+  /// all_to_allv as point-to-point messages: this rank's own block is copied; step
+  /// s = 1 .. P-1 receives rank - s's block and sends rank + s's (Ok-Topk's destination
+  /// rotation), at most `window` steps in flight, the oldest completed first:
+  /// ceil((P - 1) / window) latencies. Empty blocks are sent too (a message of no elements), so
+  /// a send count its receiver does not expect is caught in this call (a short message:
+  /// mismatch_error; a long one: MPI_ERR_TRUNCATE, transport_error), never by a later one.
   template <wire_element T, class Tr>
   static void all_to_allv(Tr& t, int window, const T* send, const std::size_t* send_counts, T* recv, const std::size_t* recv_counts) {
-    const auto sd = offsets(send_counts, t.size_), rd = offsets(recv_counts, t.size_);
-    rotate<T>(t, "all_to_allv", window, [&](int q) { return std::pair{send + sd[q], send_counts[q]}; },
-              [&](int q) { return std::pair{recv + rd[q], recv_counts[q]}; });
-  }
-
-  /// all_to_allv as point-to-point messages: this rank's own block is copied; step
-  /// s = 1 .. P-1 receives block `recv_of(rank - s)` from rank - s and sends `send_of(rank + s)` to
-  /// rank + s (Ok-Topk's destination rotation), at most `window` steps in flight, the oldest
-  /// completed first: ceil((P - 1) / window) latencies. Empty blocks are sent too (a message of
-  /// no elements), so a send count its receiver does not expect is caught in this call (a short
-  /// message: mismatch_error; a long one: MPI_ERR_TRUNCATE, transport_error), never by a later one.
-  template <wire_element T, class Tr, class SendOf, class RecvOf>
-  static void rotate(Tr& t, const char* op, int window, SendOf send_of, RecvOf recv_of) {
+    const char* op = "all_to_allv";
     t.refuse_if_broken(op);
     ++t.state_->seq;  // counted as one collective, as the MPI call would be
     const int P = t.size_, me = t.rank_;
-    copy_own<T>(t, op, send_of(me).first, recv_of(me).first, recv_of(me).second);
+    const auto sd = offsets(send_counts, P), rd = offsets(recv_counts, P);
+    copy_own<T>(t, op, send + sd[me], recv + rd[me], recv_counts[me]);
     if (P == 1) return;
     const int W = std::min(window, P - 1);
     std::vector<typename Tr::request> flight(2 * static_cast<std::size_t>(W));
@@ -84,10 +77,8 @@ struct variable_schedules {
         t.wait(pair[0]);
         t.wait(pair[1]);
         const int from = (me - s + P) % P, to = (me + s) % P;
-        const auto [rb, rn] = recv_of(from);
-        post_recv<T>(t, pair[1], op, rb, rn, from);
-        const auto [sb, sn] = send_of(to);
-        post_send<T>(t, pair[0], op, sb, sn, to);
+        post_recv<T>(t, pair[1], op, recv + rd[from], recv_counts[from], from);
+        post_send<T>(t, pair[0], op, send + sd[to], send_counts[to], to);
       }
       for (auto& r : flight) t.wait(r);
     } catch (...) {
