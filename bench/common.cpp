@@ -28,7 +28,7 @@ namespace gflow_bench {
                "                          hybrid: Hybrid<1 MiB, 2> with the switch at all-ring / 1 MiB / all-hierarchical, tuned too)\n"
                "       bench/run model [--ranks N] [--layout L] [--reps N]       (alpha-beta fit, predictions P = 2..1024, error at N)\n"
                "       bench/run sparse [--ranks N] [--layout L] [--density 0.001,0.01] [--transport mpi|inproc] [--gradients repeated|fresh]\n"
-               "                          [--variants dense,TopK,GTopK,OkTopK,CSC]   (sparse: only these schemes; default all)\n"
+               "                          [--variants dense,TopK,GTopK,OkTopK,OkTopK-shard,CSC]   (sparse: only these schemes; default all)\n"
                "                          [--variable-window N]   (sparse over MPI: all_to_allv / all_gatherv with N peers in flight;\n"
                "                                                   0: the MPI library's MPI_Alltoallv / MPI_Allgatherv)\n"
                "       bench/run kernels [--layout L1,L2 (default resnet50,gpt2_small)] [--iters N] [--warmup N]\n",
@@ -105,8 +105,8 @@ options parse(int argc, char** argv) {
     } else if (a == "--variants") {
       o.variants = split_commas(next());
       for (const auto& n : o.variants)
-        if (n != "dense" && n != "TopK" && n != "GTopK" && n != "OkTopK" && n != "CSC")
-          usage("--variants takes a list of dense, TopK, GTopK, OkTopK, CSC, got '" + n + "'");
+        if (n != "dense" && n != "TopK" && n != "GTopK" && n != "OkTopK" && n != "OkTopK-shard" && n != "CSC")
+          usage("--variants takes a list of dense, TopK, GTopK, OkTopK, OkTopK-shard, CSC, got '" + n + "'");
     } else if (a == "--transport") o.transport = next();
     else if (a == "--variable-window") {
       o.variable_window = std::stoi(next());

@@ -1,5 +1,5 @@
 // bench/run sparse: Dense (Fusion at --threshold) against TopK, GTopK and OkTopK (selection over the whole
-// pool: no Fusion) and CSC on the same gradients, on MPI ranks or on in-process ranks (--transport
+// pool: no Fusion; OkTopK-shard: OkTopK under Sharding<ReduceScatter>, one bucket) and CSC on the same gradients, on MPI ranks or on in-process ranks (--transport
 // inproc: threads of one process). select_s is the exact top-k selection alone, comm_s = the
 // iteration minus select_s (derived, reported as such; sparse.hpp).
 // The schemes are run_sparse_on's list: to add one, add a measure_sparse line there (its
@@ -34,6 +34,14 @@ std::vector<sparse_result> run_sparse_on(T& t, const options& o, const gflow::La
     if (wanted("TopK")) rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::TopK<0.01>>>>(t, o, l, "TopK", d, true, dens));
     if (wanted("GTopK")) rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::GTopK<0.01>>>>(t, o, l, "GTopK", d, true, dens));
     if (wanted("OkTopK")) rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::OkTopK<0.01>>>>(t, o, l, "OkTopK", d, true, dens));
+    // Sharded (ZeRO-2): the split-and-reduce over the shards, no cut and no allgatherv; one bucket
+    // (one selection unit over the whole pool, as OkTopK's above), each rank's result its shard.
+    if (wanted("OkTopK-shard"))
+      rs.push_back(measure_sparse<Exchanger<Sparsifier<gflow::OkTopK<0.01>>, gflow::Sharding<gflow::ReduceScatter>, gflow::Fusion<(4u << 20)>>>(
+          t, o, l, "OkTopK-shard", d, true, [&](auto& ex) {
+            ex.set_fusion(l.total_numel() * sizeof(float));
+            dens(ex);
+          }));
     // CSC exchanges a whole percent of its 32K-element chunks: run it where d * 100 is whole.
     const double pct = d * 100.0;
     if (wanted("CSC") && pct >= 1.0 && pct == std::floor(pct)) {

@@ -27,7 +27,7 @@ inline double sent_bytes(const std::string& name, std::size_t wire_bytes, int P)
   const double b = static_cast<double>(wire_bytes), p = P;
   if (P <= 1) return 0.0;
   if (name == "TopK") return b * (p - 1.0);
-  if (name == "GTopK" || name == "OkTopK") return b;
+  if (name == "GTopK" || name == "OkTopK" || name == "OkTopK-shard") return b;
   return b * 2.0 * (p - 1.0) / p;  // dense, CSC: ring allreduces
 }
 

@@ -80,8 +80,7 @@ class basic_exchanger : private detail::iteration_state {
   using context_t = detail::exchange_context<T, backend, wire_t, engine_t>;
   static constexpr bool sharded = Set::sharding::sharded;
   static_assert(detail::sharding_checks<T, sharded>::ok);
-  using sparsifier_t = std::conditional_t<sharded, detail::sharded_dense_engine<context_t>,
-                                          typename Set::sparsifier::scheme::template engine<context_t>>;
+  using sparsifier_t = typename detail::engine_of<typename Set::sparsifier::scheme, context_t, sharded>::type;
   using runner_t = detail::runner_for<typename Set::overlap::strategy, context_t, sparsifier_t>;
   // The built-in engines are asserted where they are defined; these fire for one's own.
   static_assert(detail::backend_for_transport<backend, T>,

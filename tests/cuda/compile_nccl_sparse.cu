@@ -40,6 +40,8 @@ template class gflow::detail::csc_engine<gflow_compile::ctx, 4096, 1>;
 template class gflow::detail::csc_engine<gflow_compile::ctx32, 4096, 1>;
 template class gflow::detail::oktopk_engine<gflow_compile::ctx, 0.001>;
 template class gflow::detail::oktopk_engine<gflow_compile::ctx32, 0.01>;
+template class gflow::detail::oktopk_engine<gflow_compile::ctx, 0.001, true>;  // Sharding<ReduceScatter>
+template class gflow::detail::oktopk_engine<gflow_compile::ctx32, 0.01, true>;
 static_assert(gflow::detail::sparsifier_engine<gflow::detail::oktopk_engine<gflow_compile::ctx, 0.001>, gflow_compile::ctx>);
 static_assert(gflow::detail::sparsifier_engine<gflow::CSC<4096, 1>::engine<gflow_compile::ctx>, gflow_compile::ctx>);
 static_assert(gflow::detail::sparsifier_engine<gflow::detail::topk_engine<gflow_compile::ctx, 0.01, false>, gflow_compile::ctx>);

@@ -549,6 +549,32 @@ TEST_CASE("bad input: a corrupt block stops EVERY rank with the same typed error
   }
 }
 
+TEST_CASE("bad input, sharded: a corrupt split block stops EVERY rank with the same typed error; each rank's gradient is back in its residual") {
+  auto l = Layout::from_sizes({400});
+  const int P = 4;
+  std::vector<std::string> errors(P), subjects(P);
+  inproc::run(
+      P,
+      [&](inproc::transport& base) {
+        corrupting_transport t(base, 2, 0);
+        typename Exchanger<Sparsifier<OkTopK<0.1>>, Sharding<ReduceScatter>>::template on<corrupting_transport> ex(t, l);
+        for (std::size_t i = 0; i < 400; ++i) ex.pool_data()[i] = static_cast<float>(i + 1 + t.rank());
+        try {
+          ex.ready(0);
+        } catch (const gflow::parse_error& e) {
+          errors[static_cast<std::size_t>(t.rank())] = e.what();
+          subjects[static_cast<std::size_t>(t.rank())] = e.subject();
+        }
+        for (std::size_t i = 0; i < 400; ++i) CHECK(ex.sparsifier().residual()[i] == static_cast<float>(i + 1 + t.rank()));
+      },
+      std::chrono::seconds(20));
+  for (int r = 0; r < P; ++r) {
+    CAPTURE(r);
+    CHECK(subjects[r] == "index");
+    CHECK(errors[r].find("rejected the block rank 2 sent for its region") != std::string::npos);
+  }
+}
+
 TEST_CASE("checkpoint: OkTopK resumes bit for bit (residual, thresholds, boundaries, parameters)") {
   auto l = Layout::from_sizes({900, 77});
   using E = Exchanger<Sparsifier<OkTopK<0.02>>, Fusion<2048>>;

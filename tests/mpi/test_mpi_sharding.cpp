@@ -2,7 +2,8 @@
 // unsharded exchange (bitwise at 2 ranks, where any summation order is the same; within float
 // rounding of the rank-order sum from 3 ranks on, where Open MPI's MPI_Reduce_scatter and
 // MPI_Allreduce may add in different orders), the shards' cover, gather_shards (every rank the
-// same bits, the owner's values), with fp16 and every Overlap strategy.
+// same bits, the owner's values), with fp16 and every Overlap strategy; sharded OkTopK bitwise the
+// same job on in-process ranks (its sums are the engine's own, in rank order).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include <gflow/exchanger.hpp>
+#include <gflow/transport/inproc.hpp>
 #include <gflow/transport/mpi.hpp>
 
 #include "mpi_test_util.hpp"
@@ -110,4 +112,31 @@ TEST_CASE("mpi sharding: Hierarchical<2> (a reduce-scatter in each pair of ranks
   if (t.size() % 2 != 0) return;  // every group must hold 2 ranks (the refusal is tested in the unit tests)
   shard_matches<Exchanger<F, H>, Exchanger<F, H, Sharding<ReduceScatter>>>(t, 2);
   shard_matches<Exchanger<F, H>, Exchanger<F, H, Sharding<ReduceScatter>, gflow::Overlap<gflow::Funneled>>>(t, 2);
+}
+
+TEST_CASE("mpi sharding: OkTopK's split-and-reduce over the shards gives the in-process job's shard and residual, bitwise") {
+  gflow::mpi::transport t;
+  const auto l = layout();
+  using E = Exchanger<gflow::Sparsifier<gflow::OkTopK<0.01>>, Sharding<ReduceScatter>, gflow::Fusion<4096>>;
+  auto record = [&](auto& ex, int rank, std::vector<float>& out) {
+    for (int step = 0; step < 4; ++step) {
+      exchange(ex, rank, step);
+      for (const gflow::pool_range r : ex.shard()) out.insert(out.end(), ex.pool_data() + r.begin, ex.pool_data() + r.end);
+      const auto res = ex.sparsifier().residual();
+      out.insert(out.end(), res.begin(), res.end());
+    }
+  };
+  std::vector<float> over_mpi;
+  {
+    E::on<gflow::mpi::transport> ex(t, l);
+    record(ex, t.rank(), over_mpi);
+  }
+  std::vector<std::vector<float>> in_process(static_cast<std::size_t>(t.size()));
+  gflow::inproc::run(t.size(), [&](gflow::inproc::transport& it) {
+    E::on<gflow::inproc::transport> ex(it, l);
+    record(ex, it.rank(), in_process[static_cast<std::size_t>(it.rank())]);
+  });
+  const auto& mine = in_process[static_cast<std::size_t>(t.rank())];
+  REQUIRE(mine.size() == over_mpi.size());
+  CHECK(std::memcmp(mine.data(), over_mpi.data(), mine.size() * sizeof(float)) == 0);
 }

@@ -51,6 +51,13 @@
 //   - the owner of an applied entry keeps the rounding of its 16-bit re-encoding (0 with fp32).
 //   So fed = P x applied average + held, summed over ranks. Non-finite values: as in TopK and
 //   GTopK (NaN travels as +inf, inf is applied and reported by finish(), never kept in a residual).
+// Under Sharding<ReduceScatter> (ZeRO-2; the scheme's sharded_engine): every bucket is a selection
+// unit (fused or not), its regions are the shard plan's blocks of it (no boundary estimate), and
+// after the split-and-reduce rank r writes its region's sums into its shard (zero where no rank
+// sent an entry; divided by P with an fp32 wire and averaging). No global cut and no allgatherv:
+// every entry sent is applied, so the residuals keep exactly what their ranks did not select; the
+// announcements' all_gather stays, carrying only fault marks. exchanged() then lists this rank's
+// shard entries. Three collectives a bucket: use a large Fusion threshold.
 // Received data is checked before use: counts (<= the sender's capacity and the region's size),
 // blocks (size, header count, indices increasing within the region, no NaN). A rank that rejects
 // a split block marks its header, so every rank raises the same parse_error after the header
@@ -88,6 +95,9 @@ struct OkTopK {
   static constexpr bool uses_topology = false;
   template <class Ctx>
   using engine = detail::oktopk_engine<Ctx, Density>;
+  /// Under Sharding<ReduceScatter>: the split-and-reduce over the shards, no cut, no allgatherv.
+  template <class Ctx>
+  using sharded_engine = detail::oktopk_engine<Ctx, Density, true>;
 };
 
 /// OkTopK's run-time parameters (ex.sparsifier().set_params(p); same on every rank, between

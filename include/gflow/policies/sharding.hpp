@@ -26,8 +26,10 @@
 // are cut from the learned layout, fixed at the first finish()), uneven_inputs (join(after_each)),
 // on host memory over the MPI and in-process transports, and on device memory over NCCL and the
 // staged device transports (gflow::mpi_device, gflow::inproc_device; the device path has not yet
-// run on a GPU). Refused at compile time with the reason: a sparse Sparsifier, a transport without
-// reduce_scatter, and join() without a step for the shard.
+// run on a GPU). Sparsifier<OkTopK<d>> composes: its split-and-reduce over the shards is a sparse
+// reduce-scatter (each bucket a selection unit, its regions the shard plan's blocks; no global cut,
+// no allgatherv; policies/oktopk.hpp). Refused at compile time with the reason: TopK, GTopK and
+// CSC, a transport without reduce_scatter, and join() without a step for the shard.
 #include <concepts>
 #include <type_traits>
 

@@ -31,6 +31,7 @@
 #include "../detail/engines/archetype.hpp"
 #include "../detail/engines/concepts.hpp"
 #include "../detail/engines/dense.hpp"
+#include "../detail/engines/sharded.hpp"
 #include "family.hpp"
 
 namespace gflow {
@@ -40,6 +41,8 @@ namespace detail {
 struct dense_scheme {
   template <class Ctx>
   using engine = dense_engine<Ctx>;
+  template <class Ctx>
+  using sharded_engine = sharded_dense_engine<Ctx>;  // Sharding<ReduceScatter>: each bucket reduce-scattered
 };
 }  // namespace detail
 
@@ -73,6 +76,27 @@ constexpr bool scheme_uses_topology() {
   if constexpr (requires { S::uses_topology; }) return S::uses_topology;
   else return true;
 }
+}  // namespace detail
+
+namespace detail {
+/// A scheme that can run under Sharding<ReduceScatter>: it names a sharded_engine<Ctx>, whose
+/// exchange leaves this rank's shard of each bucket holding the average (the dense scheme, and
+/// OkTopK, whose split-and-reduce is a sparse reduce-scatter).
+template <class S>
+concept shardable_scheme = requires { typename S::template sharded_engine<archetype_context<>>; };
+
+/// The engine the exchanger runs: the scheme's sharded_engine under Sharding<ReduceScatter>, its
+/// engine otherwise (and for a scheme that cannot shard, which exchanger/policy_set.hpp refuses
+/// first with the reason).
+template <class S, class Ctx, bool Sharded>
+struct engine_of {
+  using type = typename S::template engine<Ctx>;
+};
+template <class S, class Ctx>
+  requires shardable_scheme<S>
+struct engine_of<S, Ctx, true> {
+  using type = typename S::template sharded_engine<Ctx>;
+};
 }  // namespace detail
 
 template <class P>

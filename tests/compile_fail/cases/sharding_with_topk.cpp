@@ -1,6 +1,6 @@
 // build error: gflow::Exchanger: Sharding<ReduceScatter> needs Sparsifier<None>
 // build errors: 1
-// A sparse scheme's selection differs per rank and keeps a residual: no rank can own a fixed slice of the sum.
+// TopK and GTopK send every selection to every rank, CSC allreduces whole chunks: none hands a rank only its slice.
 #include <gflow/exchanger.hpp>
 #include <gflow/transport/inproc.hpp>
 

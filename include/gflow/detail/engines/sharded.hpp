@@ -21,6 +21,27 @@
 
 namespace gflow::detail {
 
+/// ex.gather_shards() for every sharded engine (this one and OkTopK's): in place over
+/// values[0, pool total), bucket by bucket, this rank's block to every rank through the topology;
+/// with a 16-bit wire through `wire` (pool-sized), every value rounded to it.
+template <class Ctx, class WireBuffer>
+void gather_shards_through(Ctx& cx, WireBuffer& wire, float* values) {
+  const auto& sp = *cx.shards;
+  for (std::size_t b = 0; b < cx.buckets->size(); ++b) {
+    const auto& bk = (*cx.buckets)[b];
+    if constexpr (Ctx::narrow) {
+      const auto mine = sp.mine[b];
+      cx.kernels->scale_to_wire(values + mine.begin, wire.data() + mine.begin, mine.size(), 1.0f);
+      cx.topology->all_gather_shards(wire.data() + bk.offset, sp.counts_of(b), sp.ways[b]);
+      cx.kernels->wire_to_float(wire.data() + bk.offset, values + bk.offset, bk.count);
+    } else {
+      (void)wire;
+      cx.topology->all_gather_shards(values + bk.offset, sp.counts_of(b), sp.ways[b]);
+    }
+  }
+  (void)cx.kernels->take_nonfinite();  // parameters, not gradients: nothing for the next finish() to report
+}
+
 template <class Ctx>
 class sharded_dense_engine : public stateless_engine {
   using W = typename Ctx::wire_type;
@@ -58,21 +79,7 @@ class sharded_dense_engine : public stateless_engine {
   [[nodiscard]] std::size_t wire_bytes() const { return cx_->pool->total * sizeof(W) / 2; }
 
   /// In place over values[0, pool total): this rank's blocks to every rank (see the header).
-  void gather(float* values) {
-    const auto& sp = *cx_->shards;
-    for (std::size_t b = 0; b < cx_->buckets->size(); ++b) {
-      const auto& bk = (*cx_->buckets)[b];
-      if constexpr (Ctx::narrow) {
-        const auto mine = sp.mine[b];
-        cx_->kernels->scale_to_wire(values + mine.begin, wire_.data() + mine.begin, mine.size(), 1.0f);
-        cx_->topology->all_gather_shards(wire_.data() + bk.offset, sp.counts_of(b), sp.ways[b]);
-        cx_->kernels->wire_to_float(wire_.data() + bk.offset, values + bk.offset, bk.count);
-      } else {
-        cx_->topology->all_gather_shards(values + bk.offset, sp.counts_of(b), sp.ways[b]);
-      }
-    }
-    (void)cx_->kernels->take_nonfinite();  // parameters, not gradients: nothing for the next finish() to report
-  }
+  void gather(float* values) { gather_shards_through(*cx_, wire_, values); }
 
   // Checkpoints: nothing crosses iterations (stateless_engine's members).
 

@@ -78,10 +78,11 @@ struct policy_set {
                 "tree and never use the Topology, so Topology<Hierarchical<g>> or Topology<Hybrid<t, g>> would only split "
                 "the communicator for nothing. Leave Topology out (Ring) with them, or use Hierarchical or Hybrid with "
                 "Sparsifier<None> or Sparsifier<CSC<...>>.");
-  static_assert(!sharding::sharded || sparsifier::dense,
-                "gflow::Exchanger: Sharding<ReduceScatter> needs Sparsifier<None>. A sparse scheme sends each rank's own "
-                "selection (different indices per rank) and keeps a residual of what it did not send, so no rank can own a "
-                "fixed slice of the sum: drop the Sparsifier, or drop Sharding to compress an allreduce.");
+  static_assert(!sharding::sharded || shardable_scheme<typename sparsifier::scheme>,
+                "gflow::Exchanger: Sharding<ReduceScatter> needs Sparsifier<None> or Sparsifier<OkTopK<d>>. TopK and GTopK "
+                "send every rank's selection to every rank, and CSC allreduces whole chunks, so none of them hands a rank "
+                "only its own slice of the sum; OkTopK's split-and-reduce does (each region summed by its owner): use it, "
+                "drop the Sparsifier, or drop Sharding to compress an allreduce.");
 };
 
 }  // namespace gflow::detail

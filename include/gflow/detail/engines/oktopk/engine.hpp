@@ -18,6 +18,14 @@
 // and the taken values come down (about capacity x k entries), each collective's buffers go up to
 // the transport and back through a staging buffer, and the result and the rounding errors go up.
 // docs/DESIGN.md, "Device memory", lists these transfers.
+//
+// Sharded (Sharded = true: Sharding<ReduceScatter>, the scheme's sharded_engine): the split-and-
+// reduce is the reduce-scatter. Every bucket is a selection unit (fused or not), its regions are
+// the shard plan's blocks of it (fixed: no boundary estimate), and the sums of region `rank` are
+// written into this rank's block of the pool (zero where no rank sent an entry; divided by P with
+// an fp32 wire and averaging). No global cut and no all_gatherv: every entry sent is applied, so
+// nothing goes back to a residual but what the selection did not take. The announcements'
+// all_gather stays, carrying only fault marks, so that every rank raises the same error.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -40,14 +48,15 @@
 #include "../../../timeline.hpp"
 #include "../../../transport/transport.hpp"
 #include "../concepts.hpp"
+#include "../sharded.hpp"
 #include "../topk/settings.hpp"
 #include "../topk/state.hpp"
 #include "reduce.hpp"
 
 namespace gflow::detail {
 
-template <class Ctx, double Density>
-class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
+template <class Ctx, double Density, bool Sharded = false>
+class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density, Sharded>> {
   using settings = topk_settings<oktopk_engine>;
   friend settings;
   using settings::schedule_;
@@ -93,7 +102,7 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
 
   // ---- the sparsifier engine interface ----------------------------------------------------
   void replan() {
-    fused_ = cx_->fused();
+    fused_ = Sharded || cx_->fused();  // sharded: one unit per bucket, as the shards are cut
     const double dmax = schedule_.max();
     ws_.release();
     std::size_t units = 0, ncap = 0;
@@ -114,6 +123,7 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
     scale_ = (Ctx::narrow && cx_->average) ? 1.0f / Pf : 1.0f;
     unscale_ = (Ctx::narrow && cx_->average) ? Pf : 1.0f;
     size_buffers();
+    if constexpr (Sharded && Ctx::narrow) gather_wire_ = buffer<W>(cx_->pool->total);
   }
 
   void exchange(std::size_t b) {
@@ -123,6 +133,12 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
     else if (b + 1 == cx_->buckets->size()) select_and_exchange(0, 0, cx_->pool->total);
   }
   void end_iteration() {}
+  /// Sharded: ex.gather_shards(values), the parameters' all-gather (dense, as Sparsifier<None>'s).
+  void gather(float* values)
+    requires Sharded
+  {
+    gather_shards_through(*cx_, gather_wire_, values);
+  }
 
   /// Bytes this rank put on the wire this iteration, every round: in all_to_all(v) its blocks
   /// for the other ranks, in all_gather(v) its own block once per other rank (what a direct
@@ -308,6 +324,8 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
 
   template <class I>
   void run(std::size_t u, std::size_t off, std::size_t n);  // exchange.hpp
+  template <class I>
+  void write_shard(std::size_t u);  // exchange.hpp (Sharded only)
 
   /// The most a threshold selection of k keeps (capacity x k, at least k).
   [[nodiscard]] std::size_t cap_for(std::size_t k) const noexcept {
@@ -353,6 +371,8 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density>> {
   buffer<std::uint32_t> dcand_keys_, dsel_keys_;
   buffer<W> dmine_, dresult_val_;
   buffer<float> dfix_err_;
+  buffer<float> dred_val_;  // sharded: the region's sums as written into the shard
+  buffer<W> gather_wire_;   // sharded with a 16-bit wire: gather_shards' wire copy of the pool
   buffer<std::uint8_t> stage_;
   std::vector<std::uint64_t> selected_, exchanged_;
   // per-unit scratch (host; sized by size_buffers, kept between iterations)

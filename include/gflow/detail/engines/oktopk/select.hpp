@@ -13,9 +13,9 @@
 
 namespace gflow::detail {
 
-template <class Ctx, double Density>
+template <class Ctx, double Density, bool Sharded>
 template <class I>
-std::size_t oktopk_engine<Ctx, Density>::select(unit_state& us, std::size_t off, std::size_t n, std::size_t k) {
+std::size_t oktopk_engine<Ctx, Density, Sharded>::select(unit_state& us, std::size_t off, std::size_t n, std::size_t k) {
   index_lists<I>& L = lists<I>();
   std::vector<I>& idx = L.sel;
   auto& kern = *cx_->kernels;
@@ -85,8 +85,8 @@ std::size_t oktopk_engine<Ctx, Density>::select(unit_state& us, std::size_t off,
   return cnt;
 }
 
-template <class Ctx, double Density>
-void oktopk_engine<Ctx, Density>::size_buffers() {
+template <class Ctx, double Density, bool Sharded>
+void oktopk_engine<Ctx, Density, Sharded>::size_buffers() {
   const double dmax = schedule_.max();
   const std::size_t P = static_cast<std::size_t>(cx_->transport->size());
   std::size_t cmax = 0, recv = 0, res = 0, sel_total = 0, res_total = 0, nmax = 0;
@@ -149,6 +149,7 @@ void oktopk_engine<Ctx, Density>::size_buffers() {
     grow(dmine_, cmax);
     grow(dresult_val_, res);
     grow(dfix_err_, res);
+    if constexpr (Sharded) grow(dred_val_, res);
     grow(stage_, 2 * msg + 2 * (P + 1) * sparse_message::header_bytes + 1024);
   }
 }
