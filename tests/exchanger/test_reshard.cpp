@@ -182,6 +182,7 @@ TEST_CASE("reshard: P' = P rewrites every built-in composition's checkpoints byt
   check_identity<Exchanger<Fusion<2048>>>(2, 3, none, learn);
   check_identity<Exchanger<Sparsifier<OkTopK<0.05>>>>(4, 5, none);  // each rank keeps its own local thresholds
   check_identity<Exchanger<Fusion<2048>, Sparsifier<OkTopK<0.05>>>>(3, 5, [](auto& ex) { ex.sparsifier().set_params(oktopk_test_params()); });
+  check_identity<Exchanger<Sparsifier<OkTopK<0.05>>, Sharding<ReduceScatter>>>(4, 5, none);  // one selection unit per bucket
 }
 
 // ---- P' != P: conservation --------------------------------------------------------------------
@@ -191,10 +192,12 @@ TEST_CASE("reshard: TopK and GTopK residuals are conserved element by element on
   check_conservation<Exchanger<Fusion<2048>, Sparsifier<GTopK<0.05>>>>(4, 3, [](auto&) {});
 }
 
-TEST_CASE("reshard: OkTopK residuals are conserved element by element onto 1, 2, 3 and 6 ranks from 4") {
+TEST_CASE("reshard: OkTopK residuals (sharded too) are conserved element by element onto 1, 2, 3 and 6 ranks from 4") {
   auto configure = [](auto& ex) { ex.sparsifier().set_params(oktopk_test_params()); };
   check_conservation<Exchanger<Sparsifier<OkTopK<0.05>>>>(4, 5, configure);
   check_conservation<Exchanger<Fusion<2048>, Sparsifier<OkTopK<0.05>>>>(4, 5, configure);
+  check_conservation<Exchanger<Fusion<2048>, Sparsifier<OkTopK<0.05>>, Sharding<ReduceScatter>>>(4, 5, configure);
+  check_conservation<Exchanger<Sparsifier<OkTopK<0.05>>, Sharding<ReduceScatter>>>(4, 5, configure);
 }
 
 TEST_CASE("reshard: OkTopK carries its parameters; on another size its estimates are reset and re-estimated in the first iteration") {
