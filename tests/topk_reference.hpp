@@ -151,11 +151,13 @@ struct reference {
   }
 };
 
-/// Per iteration and rank: the pool after finish() and the residual.
+/// Per iteration and rank: the pool after finish() and the residual (and, where the engine or the
+/// exchanger has them, its selection and this rank's shard).
 struct rank_trace {
   std::vector<std::vector<std::vector<float>>> result, residual;  // [iter][rank][i]
-  std::vector<std::vector<std::vector<std::uint64_t>>> exchanged;
+  std::vector<std::vector<std::vector<std::uint64_t>>> exchanged, selected;
   std::vector<std::vector<std::size_t>> nonfinite;
+  std::vector<std::vector<gflow::pool_range>> shard;  // [rank], Sharding<ReduceScatter> only
 };
 
 /// Runs E on P in-process ranks for `iters` iterations with gradients gfn(rank, pool index, iter)
@@ -169,6 +171,8 @@ rank_trace run_ranks(int P, const Layout& l, int iters, const std::function<floa
   tr.result.assign(static_cast<std::size_t>(iters), std::vector<std::vector<float>>(static_cast<std::size_t>(P)));
   tr.residual = tr.result;
   tr.exchanged.assign(static_cast<std::size_t>(iters), std::vector<std::vector<std::uint64_t>>(static_cast<std::size_t>(P)));
+  tr.selected = tr.exchanged;
+  tr.shard.assign(static_cast<std::size_t>(P), {});
   tr.nonfinite.assign(static_cast<std::size_t>(iters), std::vector<std::size_t>(static_cast<std::size_t>(P)));
   inproc::run(P, [&](inproc::transport& t) {
     on_inproc<E> ex(t, l, o);
@@ -189,7 +193,15 @@ rank_trace run_ranks(int P, const Layout& l, int iters, const std::function<floa
       tr.residual[it][r].assign(res.begin(), res.end());
       auto xs = ex.sparsifier().exchanged();
       tr.exchanged[it][r].assign(xs.begin(), xs.end());
+      if constexpr (requires { ex.sparsifier().selected(); }) {
+        auto sel = ex.sparsifier().selected();
+        tr.selected[it][r].assign(sel.begin(), sel.end());
+      }
       tr.nonfinite[it][r] = st.nonfinite;
+    }
+    if constexpr (requires { ex.shard(); }) {
+      auto sh = ex.shard();
+      tr.shard[r].assign(sh.begin(), sh.end());
     }
   });
   return tr;

@@ -149,8 +149,13 @@ std::string fusion_token() {
   return s;
 }
 template <class S>
+inline constexpr bool is_oktopk = false;
+template <double D>
+inline constexpr bool is_oktopk<gflow::OkTopK<D>> = true;
+template <class S>
 std::string scheme_token() {
   if constexpr (std::is_same_v<S, gflow::detail::dense_scheme>) return "";
+  else if constexpr (is_oktopk<S>) return "oktopk=" + number_name(S::density);
   else if constexpr (requires { S::chunk_elems; S::percent; }) return "csc=" + std::to_string(S::chunk_elems) + ":" + std::to_string(S::percent);
   else if constexpr (requires { S::density; S::global; }) return std::string(S::global ? "gtopk=" : "topk=") + number_name(S::density);
   else return "custom_sparsifier";

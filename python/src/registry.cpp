@@ -62,7 +62,7 @@ std::pair<int, std::string> canonical_token(const std::string& t) {
     return {1, t};
   }
   if (t == "dense") return {2, ""};
-  if (key == "topk" || key == "gtopk") {
+  if (key == "topk" || key == "gtopk" || key == "oktopk") {
     char* end = nullptr;
     const double d = std::strtod(val.c_str(), &end);
     if (!val.empty() && end && *end == '\0') return {2, key + "=" + number_name(d)};

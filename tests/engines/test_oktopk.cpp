@@ -519,45 +519,18 @@ class corrupting_transport : public inproc::transport {
 static_assert(gflow::variable_transport<corrupting_transport>);
 }  // namespace
 
-TEST_CASE("bad input: a corrupt block stops EVERY rank with the same typed error, and each rank's gradient is back in its residual") {
+namespace {
+/// Rank 2 corrupts its blocks (where: 0 the split, 1 the result): every rank's parse_error (subject,
+/// text), and each rank's gradient must be back in its residual.
+template <class E>
+std::pair<std::vector<std::string>, std::vector<std::string>> corrupt_block_errors(int P, int where) {
   auto l = Layout::from_sizes({400});
-  for (int where : {0, 1}) {
-    CAPTURE(where);
-    const int P = 4;
-    std::vector<std::string> errors(P), subjects(P);
-    inproc::run(
-        P,
-        [&](inproc::transport& base) {
-          corrupting_transport t(base, 2, where);
-          typename Exchanger<Sparsifier<OkTopK<0.1>>>::template on<corrupting_transport> ex(t, l);
-          for (std::size_t i = 0; i < 400; ++i) ex.pool_data()[i] = static_cast<float>(i + 1 + t.rank());
-          try {
-            ex.ready(0);
-          } catch (const gflow::parse_error& e) {
-            errors[static_cast<std::size_t>(t.rank())] = e.what();
-            subjects[static_cast<std::size_t>(t.rank())] = e.subject();
-          }
-          for (std::size_t i = 0; i < 400; ++i) CHECK(ex.sparsifier().residual()[i] == static_cast<float>(i + 1 + t.rank()));
-        },
-        std::chrono::seconds(20));
-    for (int r = 0; r < P; ++r) {
-      CAPTURE(r);
-      CHECK(subjects[r] == "index");
-      if (where == 0) CHECK(errors[r].find("in the split-and-reduce, rank ") != std::string::npos);
-      else CHECK(errors[r].find("the result block all-gathered from rank 2 was rejected: entry 0 has index 1073741824, outside") != std::string::npos);
-    }
-  }
-}
-
-TEST_CASE("bad input, sharded: a corrupt split block stops EVERY rank with the same typed error; each rank's gradient is back in its residual") {
-  auto l = Layout::from_sizes({400});
-  const int P = 4;
-  std::vector<std::string> errors(P), subjects(P);
+  std::vector<std::string> errors(static_cast<std::size_t>(P)), subjects(static_cast<std::size_t>(P));
   inproc::run(
       P,
       [&](inproc::transport& base) {
-        corrupting_transport t(base, 2, 0);
-        typename Exchanger<Sparsifier<OkTopK<0.1>>, Sharding<ReduceScatter>>::template on<corrupting_transport> ex(t, l);
+        corrupting_transport t(base, 2, where);
+        typename E::template on<corrupting_transport> ex(t, l);
         for (std::size_t i = 0; i < 400; ++i) ex.pool_data()[i] = static_cast<float>(i + 1 + t.rank());
         try {
           ex.ready(0);
@@ -568,6 +541,27 @@ TEST_CASE("bad input, sharded: a corrupt split block stops EVERY rank with the s
         for (std::size_t i = 0; i < 400; ++i) CHECK(ex.sparsifier().residual()[i] == static_cast<float>(i + 1 + t.rank()));
       },
       std::chrono::seconds(20));
+  return {subjects, errors};
+}
+}  // namespace
+
+TEST_CASE("bad input: a corrupt block stops EVERY rank with the same typed error, and each rank's gradient is back in its residual") {
+  for (int where : {0, 1}) {
+    CAPTURE(where);
+    const int P = 4;
+    const auto [subjects, errors] = corrupt_block_errors<Exchanger<Sparsifier<OkTopK<0.1>>>>(P, where);
+    for (int r = 0; r < P; ++r) {
+      CAPTURE(r);
+      CHECK(subjects[r] == "index");
+      if (where == 0) CHECK(errors[r].find("in the split-and-reduce, rank ") != std::string::npos);
+      else CHECK(errors[r].find("the result block all-gathered from rank 2 was rejected: entry 0 has index 1073741824, outside") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("bad input, sharded: a corrupt split block stops EVERY rank with the same typed error; each rank's gradient is back in its residual") {
+  const int P = 4;
+  const auto [subjects, errors] = corrupt_block_errors<Exchanger<Sparsifier<OkTopK<0.1>>, Sharding<ReduceScatter>>>(P, 0);
   for (int r = 0; r < P; ++r) {
     CAPTURE(r);
     CHECK(subjects[r] == "index");

@@ -26,57 +26,8 @@ using namespace gflow_test;
 
 namespace {
 
-/// Per iteration and rank: the pool, the residual, the selection and the shard.
-struct sharded_trace {
-  std::vector<std::vector<std::vector<float>>> pool, residual;           // [iter][rank][i]
-  std::vector<std::vector<std::vector<std::uint64_t>>> selected, exchanged;
-  std::vector<std::vector<pool_range>> shard;                            // [rank]
-  std::vector<std::vector<std::size_t>> nonfinite;                       // [iter][rank]
-};
-
-template <class E, class Gfn, class Setup>
-sharded_trace run_sharded(int P, const Layout& l, int iters, Gfn gfn, Setup setup, exchange_options o = {}, std::size_t fusion_bytes = 0) {
-  sharded_trace tr;
-  const auto Pz = static_cast<std::size_t>(P), I = static_cast<std::size_t>(iters);
-  const std::size_t total = l.total_numel();
-  tr.pool.assign(I, std::vector<std::vector<float>>(Pz));
-  tr.residual = tr.pool;
-  tr.selected.assign(I, std::vector<std::vector<std::uint64_t>>(Pz));
-  tr.exchanged = tr.selected;
-  tr.shard.assign(Pz, {});
-  tr.nonfinite.assign(I, std::vector<std::size_t>(Pz));
-  inproc::run(P, [&](inproc::transport& t) {
-    on_inproc<E> ex(t, l, o);
-    if (fusion_bytes) ex.set_fusion(fusion_bytes);
-    setup(ex);
-    const auto r = static_cast<std::size_t>(t.rank());
-    std::mt19937 rng(static_cast<unsigned>(t.rank() * 17 + 3));
-    std::vector<std::size_t> order(l.size());
-    std::iota(order.begin(), order.end(), 0);
-    for (int it = 0; it < iters; ++it) {
-      float* pool = ex.pool_data();
-      for (std::size_t i = 0; i < total; ++i) pool[i] = gfn(t.rank(), i, it);
-      std::shuffle(order.begin(), order.end(), rng);
-      for (auto i : order) ex.ready(i);
-      const auto st = ex.finish();
-      const auto it_z = static_cast<std::size_t>(it);
-      tr.pool[it_z][r].assign(pool, pool + total);
-      const auto res = ex.sparsifier().residual();
-      tr.residual[it_z][r].assign(res.begin(), res.end());
-      const auto sel = ex.sparsifier().selected();
-      tr.selected[it_z][r].assign(sel.begin(), sel.end());
-      const auto xs = ex.sparsifier().exchanged();
-      tr.exchanged[it_z][r].assign(xs.begin(), xs.end());
-      tr.nonfinite[it_z][r] = st.nonfinite;
-    }
-    const auto sh = ex.shard();
-    tr.shard[r].assign(sh.begin(), sh.end());
-  });
-  return tr;
-}
-
 /// The owner of pool element i under the ranks' shards (every element has exactly one).
-std::vector<int> owners(const sharded_trace& tr, std::size_t total) {
+std::vector<int> owners(const rank_trace& tr, std::size_t total) {
   std::vector<int> own(total, -1);
   for (std::size_t r = 0; r < tr.shard.size(); ++r)
     for (const pool_range g : tr.shard[r])
@@ -100,7 +51,7 @@ void check_against_selection(int P, const Layout& l, int iters, Gfn gfn, std::si
     p.threshold_period = 3;
     ex.sparsifier().set_params(p);
   };
-  const auto tr = run_sharded<E>(P, l, iters, gfn, setup, o, fusion_bytes);
+  const auto tr = run_ranks<E>(P, l, iters, gfn, setup, o, fusion_bytes);
   const std::size_t total = l.total_numel();
   const auto own = owners(tr, total);
   const auto Pz = static_cast<std::size_t>(P);
@@ -134,11 +85,11 @@ void check_against_selection(int P, const Layout& l, int iters, Gfn gfn, std::si
       const auto r = static_cast<std::size_t>(own[i]);
       const float want = sent[i] ? (average ? sum[i] * inv : sum[i]) : 0.0f;
       if (sent[i]) want_x[r].push_back(i);
-      if (std::memcmp(&want, &tr.pool[itz][r][i], sizeof(float)) != 0) {
+      if (std::memcmp(&want, &tr.result[itz][r][i], sizeof(float)) != 0) {
         CAPTURE(i);
         CAPTURE(r);
         CAPTURE(want);
-        CAPTURE(tr.pool[itz][r][i]);
+        CAPTURE(tr.result[itz][r][i]);
         FAIL("shard value differs");
       }
     }
@@ -168,13 +119,13 @@ TEST_CASE("sharded OkTopK: fed = P x applied + held exactly on dyadic inputs (fp
   const std::size_t n = l.total_numel();
   auto run = [&]<class E>(int P, std::size_t fusion_bytes) {
     const int iters = 12;
-    const auto tr = run_sharded<E>(P, l, iters, dyadic, [](auto&) {}, {}, fusion_bytes);
+    const auto tr = run_ranks<E>(P, l, iters, dyadic, {}, {}, fusion_bytes);
     const auto own = owners(tr, n);
     for (std::size_t i = 0; i < n; ++i) {
       double fed = 0, applied = 0, held = 0;
       for (int it = 0; it < iters; ++it) {
         for (int q = 0; q < P; ++q) fed += dyadic(q, i, it);
-        applied += static_cast<double>(tr.pool[static_cast<std::size_t>(it)][static_cast<std::size_t>(own[i])][i]) * P;
+        applied += static_cast<double>(tr.result[static_cast<std::size_t>(it)][static_cast<std::size_t>(own[i])][i]) * P;
       }
       for (int q = 0; q < P; ++q) held += tr.residual[static_cast<std::size_t>(iters - 1)][static_cast<std::size_t>(q)][i];
       CAPTURE(i);
@@ -194,12 +145,12 @@ TEST_CASE("sharded OkTopK: Overlap<Funneled> gives the shards and residuals of O
   const Layout l = Layout::from_sizes({40, 7, 900, 3, 640});
   const int P = 3, iters = 5;
   auto shards_of = [&]<class E>() {
-    const auto tr = run_sharded<E>(P, l, iters, varied, [](auto&) {}, {}, 2048);
+    const auto tr = run_ranks<E>(P, l, iters, varied, {}, {}, 2048);
     const auto own = owners(tr, l.total_numel());
     std::vector<float> v;
     for (int it = 0; it < iters; ++it)
       for (std::size_t i = 0; i < own.size(); ++i) {
-        v.push_back(tr.pool[static_cast<std::size_t>(it)][static_cast<std::size_t>(own[i])][i]);
+        v.push_back(tr.result[static_cast<std::size_t>(it)][static_cast<std::size_t>(own[i])][i]);
         for (int q = 0; q < P; ++q) v.push_back(tr.residual[static_cast<std::size_t>(it)][static_cast<std::size_t>(q)][i]);
       }
     return v;

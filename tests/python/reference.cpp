@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
   run<gflow::Exchanger<gflow::Sparsifier<gflow::GTopK<0.01>>>>(t, dir, "gtopk=0.01");
   run<gflow::Exchanger<gflow::Sparsifier<gflow::CSC<4096, 15>>>>(t, dir, "csc=4096:15");
   run<gflow::Exchanger<gflow::Precision<gflow::bfloat16>>>(t, dir, "bf16");
+  run<gflow::Exchanger<gflow::Sparsifier<gflow::OkTopK<0.01>>>>(t, dir, "oktopk=0.01");
   if (t.size() >= 2)  // groups of 2 need 2 ranks (at 1 rank the CUDA tests skip this composition)
     run<gflow::Exchanger<gflow::Fusion<4 << 20>, gflow::Topology<gflow::Hierarchical<2>>>>(t, dir, "fusion=4MiB+hier=2");
   return 0;

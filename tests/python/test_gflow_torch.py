@@ -38,7 +38,7 @@ def backward(params, it, rank=R):
 
 
 @pytest.mark.parametrize("composition", ["dense", "fp16+fusion=4MiB+topk=0.01+funneled", "gtopk=0.01", "csc=4096:15", "bf16",
-                                         "fusion=4MiB+hier=2"])
+                                         "fusion=4MiB+hier=2", "oktopk=0.01"])
 def test_bitwise_equal_to_the_cpp_exchanger(composition):
     ref = os.path.join(os.environ["GFLOW_REFERENCE_DIR"], "%s.%d.%d.bin" % (composition, P, R))
     expected = np.fromfile(ref, dtype=np.float32)
@@ -449,6 +449,27 @@ def test_sharded_step_is_bitwise_the_full_step_with_one_eighth_of_the_state():
     assert zero.state_bytes() == 4 * shard_elems
     assert shard_elems <= total // P + len(zero.buckets())
     plain.close()
+    zero.close()
+
+
+def test_sharded_optimizer_over_oktopk_keeps_replicas_equal_with_one_shard_of_state():
+    """Compressed and sharded: OkTopK's split-and-reduce over the shards, then each rank steps its
+    shard and gathers. Every rank must end with the same parameters, changed from the start, and
+    hold momentum for its shard only."""
+    params = _model_params(2)
+    start = [p.detach().clone() for p in params]
+    zero = gt.ShardedOptimizer(torch.optim.SGD, [("p%d" % i, p) for i, p in enumerate(params)],
+                               composition="oktopk=0.01+fusion=64MiB+shard", lr=0.5, momentum=0.5)
+    assert zero.composition == "fusion=64MiB+oktopk=0.01+shard"
+    for it in range(5):
+        zero.zero_grad()
+        backward(params, it)
+        zero.step()
+        assert zero.last_status.wire_bytes > 0
+    gt.verify_replicas(params)
+    assert any(not torch.equal(a, p.detach()) for a, p in zip(start, params))
+    shard_elems = sum(e - f for f, e in zero._exchanger.shard())
+    assert zero.state_bytes() == 4 * shard_elems
     zero.close()
 
 

@@ -67,7 +67,7 @@ def test_the_device_transport_is_chosen_and_a_wrong_choice_refused():
 
 
 @pytest.mark.parametrize("composition", ["dense", "fp16+fusion=4MiB+topk=0.01+funneled", "gtopk=0.01", "csc=4096:15", "bf16",
-                                         "fusion=4MiB+hier=2"])
+                                         "fusion=4MiB+hier=2", "oktopk=0.01"])
 def test_bitwise_equal_to_the_cpp_exchanger(composition):
     ref = os.path.join(os.environ["GFLOW_REFERENCE_DIR"], "%s.%d.%d.bin" % (composition, P, R))
     if not os.path.exists(ref):
