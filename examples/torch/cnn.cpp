@@ -684,7 +684,7 @@ int run(int argc, char** argv, const char* name, const port_factory& make_port) 
                     "  --uneven               rank r gets up to a quarter fewer steps per epoch; join() ends each epoch (dense only)\n"
                     "  --no-learn-order       keep the pool in reverse layout order (learn_order is on by default)\n"
                     "  --shard                Sharding<ReduceScatter> (ZeRO-2): momentum for this rank's 1/P of the pool only, then\n"
-                    "                         gather_shards of the weights (dense compositions; learn_order off; no --uneven or checkpoints)\n",
+                    "                         gather_shards of the weights (dense compositions and OkTopK; learn_order off; no --uneven or checkpoints)\n",
                     usage(name).c_str());
       return {};
     }

@@ -84,7 +84,8 @@ struct with_sharding<gflow::Exchanger<Ps...>> {
   using type = gflow::Exchanger<Ps..., gflow::Sharding<gflow::ReduceScatter>>;
 };
 template <class Exchange>
-inline constexpr bool can_shard = Exchange::policies::sparsifier::dense && !Exchange::policies::sharding::sharded &&
+inline constexpr bool can_shard = gflow::shardable_scheme<typename Exchange::policies::sparsifier::scheme> &&
+                                  !Exchange::policies::sharding::sharded &&
                                   std::is_same_v<typename Exchange::policies::topology::algorithm, gflow::Ring> &&
                                   !requires { requires Exchange::policies::fusion::autotuned; };
 
@@ -161,8 +162,8 @@ int main_for(int argc, char** argv, const char* name) {
         return std::unique_ptr<exchange_port>(std::make_unique<port<typename with_sharding<Exchange>::type>>(comm, layout, o, lo, ipe));
       } else {
         throw gflow::invalid_argument("--shard", std::string(name) + "'s composition cannot shard: Sharding<ReduceScatter> needs the dense "
-                                                 "sparsifier, Topology<Ring> and a fixed fusion threshold.",
-                                      "run --shard with a dense composition (torch_dense, torch_fp16, torch_funneled).");
+                                                 "sparsifier or OkTopK, Topology<Ring> and a fixed fusion threshold.",
+                                      "run --shard with a dense composition (torch_dense, torch_fp16, torch_funneled) or torch_oktopk.");
       }
     }
     return std::unique_ptr<exchange_port>(std::make_unique<port<Exchange>>(comm, layout, o, lo, ipe));

@@ -78,13 +78,14 @@ constexpr bool scheme_uses_topology() {
 }
 }  // namespace detail
 
-namespace detail {
-/// A scheme that can run under Sharding<ReduceScatter>: it names a sharded_engine<Ctx>, whose
-/// exchange leaves this rank's shard of each bucket holding the average (the dense scheme, and
-/// OkTopK, whose split-and-reduce is a sparse reduce-scatter).
+/// A scheme that can run under Sharding<ReduceScatter>: it names a sharded_engine<Ctx> beside its
+/// engine<Ctx>, whose exchange leaves this rank's shard of each bucket holding the average (the
+/// dense scheme, and OkTopK, whose split-and-reduce is a sparse reduce-scatter; one's own scheme
+/// shards by naming one too).
 template <class S>
-concept shardable_scheme = requires { typename S::template sharded_engine<archetype_context<>>; };
+concept shardable_scheme = requires { typename S::template sharded_engine<detail::archetype_context<>>; };
 
+namespace detail {
 /// The engine the exchanger runs: the scheme's sharded_engine under Sharding<ReduceScatter>, its
 /// engine otherwise (and for a scheme that cannot shard, which exchanger/policy_set.hpp refuses
 /// first with the reason).
