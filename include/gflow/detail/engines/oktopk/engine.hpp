@@ -211,7 +211,8 @@ class oktopk_engine : public topk_settings<oktopk_engine<Ctx, Density, Sharded>>
   /// Pool indices this rank selected this iteration (increasing). Both memory spaces: the
   /// per-entry bookkeeping runs on the host.
   [[nodiscard]] std::span<const std::uint64_t> selected() const noexcept { return selected_; }
-  /// Pool indices the applied result holds a value for (increasing; identical on every rank).
+  /// Pool indices the applied result holds a value for (increasing; identical on every rank;
+  /// sharded: those of this rank's shard).
   [[nodiscard]] std::span<const std::uint64_t> exchanged() const noexcept { return exchanged_; }
   /// k summed over this iteration's units (the target; selections and results vary around it).
   [[nodiscard]] std::size_t k() const noexcept { return k_total_; }
