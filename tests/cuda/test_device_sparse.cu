@@ -1,7 +1,7 @@
 // The exchanger's device path against its host path, bit for bit (issue 12): for P = 1..4 ranks,
 // fp32 / fp16 / bf16 wires and Dense / CSC / TopK / GTopK / OkTopK (also fused), and from P = 2
 // Hierarchical<2> and Overlap<Concurrent<2>> (sub-groups on device memory), and Sharding<ReduceScatter>
-// (the shard and gather_shards), the same inputs go through
+// (the shard and gather_shards; Dense and OkTopK), the same inputs go through
 //   - Exchanger<...>::on<gflow::inproc::transport>          (host memory, host_backend), and
 //   - Exchanger<...>::on<gflow::inproc_device::transport>   (device memory, device_backend: the
 //     CUDA kernels on each rank's stream; P ranks as threads on one GPU),
@@ -67,6 +67,9 @@ GFLOW_CUDA_TEST("device", device_exchanges_equal_host_exchanges_bitwise) {
     // tensor with a 16-bit wire (buckets smaller than P: empty blocks); two levels where 2 divides P.
     compare<gflow::None, float, gflow::Fusion<(16 << 10)>, gflow::Sharding<gflow::ReduceScatter>>(P, "Dense+S", "fp32");
     compare<gflow::None, gflow::half, gflow::Sharding<gflow::ReduceScatter>>(P, "Dense+S", "fp16");
+    // Compressed and sharded: OkTopK's split-and-reduce over the shards.
+    compare<gflow::OkTopK<0.02>, float, gflow::Fusion<(16 << 10)>, gflow::Sharding<gflow::ReduceScatter>>(P, "OkTopK+S", "fp32");
+    compare<gflow::OkTopK<0.02>, gflow::half, gflow::Sharding<gflow::ReduceScatter>>(P, "OkTopK+S", "fp16");
     if (P % 2 == 0)
       compare<gflow::None, float, gflow::Topology<gflow::Hierarchical<2>>, gflow::Fusion<(16 << 10)>, gflow::Sharding<gflow::ReduceScatter>>(P, "Dense+H2+S", "fp32");
     if (P >= 2) {  // sub-groups (split) on device memory: they share the rank's stream
